@@ -1,0 +1,354 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"stagefs/control"
+	"stagefs/fusefs"
+	"stagefs/internal/unidiff"
+	"stagefs/journal"
+	"stagefs/overlay"
+)
+
+// backend connects the control server to the engine. It is wiring only:
+// path checks, result conversion, events and kernel cache invalidation.
+type backend struct {
+	cfg       *mountConfig
+	eng       *overlay.Engine
+	fs        *fusefs.FS
+	journal   *journal.Journal
+	ctl       *control.Server
+	sessionID string
+	started   time.Time
+
+	patchMu sync.Mutex // one compare-and-swap write at a time
+
+	dirtyMu sync.Mutex
+	dirty   bool
+	wake    chan struct{}
+}
+
+var _ control.Backend = (*backend)(nil)
+
+// ctlCaller marks operations the control socket makes itself.
+var ctlCaller = overlay.Caller{}
+
+// relPath turns a client's path (workspace-relative, or absolute under the
+// mount or the workspace) into the engine's form.
+func (b *backend) relPath(p string) (string, error) {
+	if p == "" {
+		return "", control.Errorf(control.CodeInvalidParams, "empty path")
+	}
+	if strings.IndexByte(p, 0) >= 0 {
+		return "", control.Errorf(control.CodeInvalidParams, "path contains a NUL byte")
+	}
+	if filepath.IsAbs(p) {
+		c := filepath.Clean(p)
+		switch {
+		case within(c, b.cfg.mountpoint):
+			p = strings.TrimPrefix(strings.TrimPrefix(c, b.cfg.mountpoint), "/")
+		case within(c, b.cfg.workspace):
+			p = strings.TrimPrefix(strings.TrimPrefix(c, b.cfg.workspace), "/")
+		default:
+			return "", control.Errorf(control.CodePathOutsideWorkspace, "%s is outside the workspace %s and the mount %s", p, b.cfg.workspace, b.cfg.mountpoint)
+		}
+		if p == "" {
+			p = "."
+		}
+	}
+	rel, err := overlay.CleanPath(p)
+	if err != nil {
+		return "", control.Errorf(control.CodePathOutsideWorkspace, "%s: %v", p, err)
+	}
+	return rel, nil
+}
+
+func (b *backend) relPaths(ps []string) ([]string, error) {
+	out := make([]string, 0, len(ps))
+	for _, p := range ps {
+		r, err := b.relPath(p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func (b *backend) Initialize(ctx context.Context) (control.InitializeResult, error) {
+	return control.InitializeResult{
+		Version:   version,
+		SessionID: b.sessionID,
+		Mode:      string(b.eng.Mode()),
+		Workspace: b.cfg.workspace,
+		Mount:     b.cfg.mountpoint,
+		Capabilities: map[string]bool{
+			"staged": true, "immediate": true, "commitPaths": true, "discardPaths": true,
+			"diff": true, "readText": true, "safeTextPatch": true, "log": true, "events": true,
+		},
+	}, nil
+}
+
+func (b *backend) SetMode(ctx context.Context, mode string) (control.SetModeResult, error) {
+	m, err := overlay.ParseMode(mode)
+	if err != nil {
+		return control.SetModeResult{}, control.Errorf(control.CodeInvalidParams, "%v", err)
+	}
+	prev, err := b.eng.SetMode(m)
+	if err != nil {
+		var se *overlay.StateError
+		if errors.As(err, &se) {
+			return control.SetModeResult{}, control.Errorf(control.CodeInvalidState, "%s", se.Msg)
+		}
+		return control.SetModeResult{}, err
+	}
+	b.fs.Invalidate(nil)
+	return control.SetModeResult{Previous: string(prev), Mode: string(m)}, nil
+}
+
+func (b *backend) Status(ctx context.Context, paths []string) (control.StatusResult, error) {
+	rel, err := b.relPaths(paths)
+	if err != nil {
+		return control.StatusResult{}, err
+	}
+	now := time.Now()
+	res := control.StatusResult{Entries: []control.StatusEntry{}, Mode: string(b.eng.Mode())}
+	for _, c := range b.eng.Pending(rel) {
+		age := now.Sub(c.Time).Milliseconds()
+		res.Entries = append(res.Entries, control.StatusEntry{
+			Path: c.Path, Kind: c.Kind, From: c.From, Bytes: c.Bytes, AgeMs: age, PID: c.Pid, Comm: b.eng.Comm(c.Pid),
+		})
+		res.TotalBytes += c.Bytes
+		if age > res.OldestPendingAgeMs {
+			res.OldestPendingAgeMs = age
+		}
+	}
+	res.PendingCount = len(res.Entries)
+	return res, nil
+}
+
+func (b *backend) Commit(ctx context.Context, p control.CommitParams) (control.CommitResult, error) {
+	rel, err := b.relPaths(p.Paths)
+	if err != nil {
+		return control.CommitResult{}, err
+	}
+	r := b.eng.Commit(rel, p.Force, ctlCaller)
+	res := control.CommitResult{Committed: nonNil(r.Committed), Conflicts: []control.Conflict{}, Failed: []control.Failure{}}
+	var conflicted []string
+	for _, c := range r.Conflicts {
+		res.Conflicts = append(res.Conflicts, control.Conflict{Path: c.Path, Reason: c.Reason, Expected: c.Expected, Actual: c.Actual})
+		conflicted = append(conflicted, c.Path)
+	}
+	for _, f := range r.Failed {
+		res.Failed = append(res.Failed, control.Failure{Path: f.Path, Reason: f.Reason})
+	}
+	b.fs.Invalidate(r.Committed)
+	if len(r.Committed) > 0 {
+		b.publish(control.Event{Kind: "committed", Paths: r.Committed})
+	}
+	if len(conflicted) > 0 {
+		b.publish(control.Event{Kind: "conflict", Paths: conflicted})
+	}
+	return res, nil
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+func (b *backend) Discard(ctx context.Context, paths []string) (control.DiscardResult, error) {
+	rel, err := b.relPaths(paths)
+	if err != nil {
+		return control.DiscardResult{}, err
+	}
+	done := b.eng.Discard(rel, ctlCaller)
+	b.fs.Invalidate(done)
+	if len(done) > 0 {
+		b.publish(control.Event{Kind: "discarded", Paths: done})
+	}
+	return control.DiscardResult{Discarded: nonNil(done)}, nil
+}
+
+func (b *backend) Diff(ctx context.Context, paths []string) (control.DiffResult, error) {
+	rel, err := b.relPaths(paths)
+	if err != nil {
+		return control.DiffResult{}, err
+	}
+	changes, err := b.eng.Diff(rel)
+	if err != nil {
+		return control.DiffResult{}, err
+	}
+	var buf bytes.Buffer
+	if err := unidiff.Write(&buf, changes); err != nil {
+		return control.DiffResult{}, err
+	}
+	return control.DiffResult{Diff: buf.String(), Files: len(changes)}, nil
+}
+
+func sha256Hex(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+func (b *backend) ReadText(ctx context.Context, path string) (control.ReadTextResult, error) {
+	rel, err := b.relPath(path)
+	if err != nil {
+		return control.ReadTextResult{}, err
+	}
+	data, exists, err := b.eng.ReadFile(rel)
+	if err != nil {
+		return control.ReadTextResult{}, fileError(path, err)
+	}
+	res := control.ReadTextResult{Path: rel, Exists: exists}
+	if exists {
+		res.Content, res.SHA256, res.Size = string(data), sha256Hex(data), int64(len(data))
+	}
+	return res, nil
+}
+
+func fileError(path string, err error) error {
+	switch {
+	case errors.Is(err, syscall.EISDIR):
+		return control.Errorf(control.CodeInvalidParams, "%s is not a regular file", path)
+	case errors.Is(err, syscall.EFBIG):
+		return control.Errorf(control.CodeInvalidParams, "%s is larger than %d bytes", path, overlay.MaxReadBytes)
+	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.ENOENT):
+		return control.Errorf(control.CodeNotFound, "%s: %v", path, err)
+	}
+	return err
+}
+
+func (b *backend) SafeTextPatch(ctx context.Context, p control.SafeTextPatchParams) (control.SafeTextPatchResult, error) {
+	rel, err := b.relPath(p.Path)
+	if err != nil {
+		return control.SafeTextPatchResult{}, err
+	}
+	b.patchMu.Lock()
+	defer b.patchMu.Unlock()
+	cur, exists, err := b.eng.ReadFile(rel)
+	if err != nil {
+		return control.SafeTextPatchResult{}, fileError(p.Path, err)
+	}
+	curHash := ""
+	if exists {
+		curHash = sha256Hex(cur)
+	}
+	if !strings.EqualFold(curHash, p.ExpectedHash) {
+		return control.SafeTextPatchResult{Result: control.PatchStaleBase, SHA256: curHash, Size: int64(len(cur))}, nil
+	}
+	var next []byte
+	if p.Content != nil {
+		next = []byte(*p.Content)
+	} else {
+		text := string(cur)
+		for i, e := range p.Edits {
+			if e.OldText == "" {
+				return control.SafeTextPatchResult{}, control.Errorf(control.CodeInvalidParams, "edits[%d].oldText is empty", i)
+			}
+			if n := strings.Count(text, e.OldText); n != 1 {
+				return control.SafeTextPatchResult{}, control.Errorf(control.CodeInvalidParams, "edits[%d].oldText occurs %d times in %s; it must occur exactly once", i, n, p.Path)
+			}
+			text = strings.Replace(text, e.OldText, e.NewText, 1)
+		}
+		next = []byte(text)
+	}
+	if exists && bytes.Equal(next, cur) {
+		return control.SafeTextPatchResult{Result: control.PatchNoOp, SHA256: curHash, Size: int64(len(cur))}, nil
+	}
+	if err := b.eng.WriteFile(rel, next, ctlCaller); err != nil {
+		return control.SafeTextPatchResult{}, fileError(p.Path, err)
+	}
+	b.fs.Invalidate([]string{rel})
+	return control.SafeTextPatchResult{Result: control.PatchApplied, SHA256: sha256Hex(next), Size: int64(len(next))}, nil
+}
+
+func (b *backend) Log(ctx context.Context, p control.LogParams) (control.LogResult, error) {
+	rel, err := b.relPaths(p.Paths)
+	if err != nil {
+		return control.LogResult{}, err
+	}
+	res := control.LogResult{Records: []control.LogEntry{}}
+	err = b.journal.Scan(p.Since, func(r journal.Record) error {
+		rec, err := overlay.DecodeRecord(r.Seq, r.Payload)
+		if err != nil {
+			return nil
+		}
+		if len(rel) > 0 && !touches(rec, rel) {
+			return nil
+		}
+		res.Records = append(res.Records, control.LogEntry{
+			Seq: rec.Seq, Time: time.Unix(0, rec.Time).UTC().Format(time.RFC3339Nano), Op: rec.Op,
+			Path: rec.Path, Path2: rec.Path2, PID: rec.Pid, Comm: rec.Comm, Size: rec.Size, Mode: rec.Mode, Detail: rec.Detail,
+		})
+		if p.Limit > 0 && len(res.Records) > p.Limit {
+			res.Records = res.Records[1:] // keep the newest
+		}
+		return nil
+	})
+	return res, err
+}
+
+// touches reports whether a record concerns one of the paths (or a path
+// below one of them).
+func touches(r overlay.Record, paths []string) bool {
+	for _, q := range paths {
+		for _, p := range []string{r.Path, r.Path2} {
+			if p != "" && (q == "" || p == q || strings.HasPrefix(p, q+"/")) {
+				return true
+			}
+		}
+		if strings.Contains(r.Detail, `"`+q) {
+			return true // commit and discard list their paths in Detail
+		}
+	}
+	return false
+}
+
+func (b *backend) publish(ev control.Event) {
+	if b.ctl != nil {
+		b.ctl.Publish(ev)
+	}
+}
+
+// pendingChanged is the engine's change callback: it must not block, so it
+// only marks the pending set dirty; publishLoop sends at most ten
+// staged_writes_pending events a second.
+func (b *backend) pendingChanged() {
+	b.dirtyMu.Lock()
+	b.dirty = true
+	b.dirtyMu.Unlock()
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (b *backend) publishLoop() {
+	for range b.wake {
+		time.Sleep(100 * time.Millisecond)
+		b.dirtyMu.Lock()
+		d := b.dirty
+		b.dirty = false
+		b.dirtyMu.Unlock()
+		if !d {
+			continue
+		}
+		st, err := b.Status(context.Background(), nil)
+		if err != nil {
+			continue
+		}
+		b.publish(control.Event{Kind: control.EventStagedWritesPending, PendingCount: st.PendingCount, TotalBytes: st.TotalBytes})
+	}
+}

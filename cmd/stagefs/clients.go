@@ -1,0 +1,433 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"stagefs/control"
+)
+
+// clientFlags are the flags every client command takes.
+type clientFlags struct {
+	mount, socket string
+	json          bool
+}
+
+func newClientFlags(name string) (*pflag.FlagSet, *clientFlags) {
+	cf := &clientFlags{}
+	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
+	fs.StringVarP(&cf.mount, "mount", "m", "", "the stagefs mount point to talk to")
+	fs.StringVar(&cf.socket, "socket", "", "the daemon's control socket")
+	fs.BoolVar(&cf.json, "json", false, "print the result as JSON")
+	return fs, cf
+}
+
+// findSocket picks the control socket: --socket, then -m, then
+// $STAGEFS_SOCKET, then the stagefs mount holding the current directory.
+func (cf *clientFlags) findSocket() (string, error) {
+	if cf.socket != "" {
+		return cf.socket, nil
+	}
+	if cf.mount != "" {
+		mp, err := filepath.Abs(cf.mount)
+		if err != nil {
+			return "", err
+		}
+		if real, err := filepath.EvalSymlinks(mp); err == nil {
+			mp = real
+		}
+		m, ok := isMounted(mp)
+		if !ok || !strings.HasPrefix(m.source, stagefsSourcePrefix) {
+			return "", &noDaemonError{fmt.Errorf("%s is not a stagefs mount", cf.mount)}
+		}
+		return socketPath(strings.TrimPrefix(m.source, stagefsSourcePrefix)), nil
+	}
+	if s := os.Getenv("STAGEFS_SOCKET"); s != "" {
+		return s, nil
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	ms, _ := readMounts()
+	best := ""
+	for _, m := range ms {
+		if strings.HasPrefix(m.source, stagefsSourcePrefix) && within(wd, m.point) && len(m.point) > len(best) {
+			best = m.point
+			cf.socket = socketPath(strings.TrimPrefix(m.source, stagefsSourcePrefix))
+		}
+	}
+	if best == "" {
+		return "", &noDaemonError{fmt.Errorf("no stagefs mount holds %s: pass -m MOUNTPOINT, --socket PATH or set STAGEFS_SOCKET", wd)}
+	}
+	return cf.socket, nil
+}
+
+func (cf *clientFlags) dial() (*control.Client, error) {
+	sock, err := cf.findSocket()
+	if err != nil {
+		return nil, err
+	}
+	c, err := control.Dial(sock)
+	if err != nil {
+		return nil, &noDaemonError{err}
+	}
+	return c, nil
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func parseClient(name string, args []string, extra func(*pflag.FlagSet)) (*clientFlags, []string, *control.Client, error) {
+	fs, cf := newClientFlags(name)
+	if extra != nil {
+		extra(fs)
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, nil, usagef("%s: %v", name, err)
+	}
+	c, err := cf.dial()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return cf, fs.Args(), c, nil
+}
+
+func runStatus(ctx context.Context, args []string) error {
+	cf, paths, c, err := parseClient("status", args, nil)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	res, err := c.Status(ctx, paths)
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		return printJSON(res)
+	}
+	if res.PendingCount == 0 {
+		fmt.Printf("nothing pending (mode %s)\n", res.Mode)
+		return nil
+	}
+	fmt.Printf("%d pending change(s), %s, oldest %s ago (mode %s)\n", res.PendingCount, humanBytes(res.TotalBytes),
+		(time.Duration(res.OldestPendingAgeMs) * time.Millisecond).Round(time.Second), res.Mode)
+	for _, e := range res.Entries {
+		what := e.Path
+		if e.From != "" {
+			what = e.From + " -> " + e.Path
+		}
+		who := ""
+		if e.PID != 0 {
+			who = fmt.Sprintf("  (%s[%d])", e.Comm, e.PID)
+		}
+		fmt.Printf("  %-9s %s  %s%s\n", e.Kind, what, humanBytes(e.Bytes), who)
+	}
+	return nil
+}
+
+func humanBytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func runDiff(ctx context.Context, args []string) error {
+	var color string
+	cf, paths, c, err := parseClient("diff", args, func(fs *pflag.FlagSet) {
+		fs.StringVar(&color, "color", "auto", "color the diff: auto, always or never")
+	})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	res, err := c.Diff(ctx, paths)
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		return printJSON(res)
+	}
+	useColor := color == "always" || (color == "auto" && isTerminal(os.Stdout))
+	if !useColor {
+		_, err = io.WriteString(os.Stdout, res.Diff)
+		return err
+	}
+	for _, line := range strings.SplitAfter(res.Diff, "\n") {
+		switch {
+		case strings.HasPrefix(line, "+++"), strings.HasPrefix(line, "---"), strings.HasPrefix(line, "diff "):
+			fmt.Print("\x1b[1m" + strings.TrimSuffix(line, "\n") + "\x1b[0m\n")
+		case strings.HasPrefix(line, "+"):
+			fmt.Print("\x1b[32m" + strings.TrimSuffix(line, "\n") + "\x1b[0m\n")
+		case strings.HasPrefix(line, "-"):
+			fmt.Print("\x1b[31m" + strings.TrimSuffix(line, "\n") + "\x1b[0m\n")
+		case strings.HasPrefix(line, "@@"):
+			fmt.Print("\x1b[36m" + strings.TrimSuffix(line, "\n") + "\x1b[0m\n")
+		default:
+			fmt.Print(line)
+		}
+	}
+	return nil
+}
+
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+func runCommit(ctx context.Context, args []string) error {
+	var force bool
+	cf, paths, c, err := parseClient("commit", args, func(fs *pflag.FlagSet) {
+		fs.BoolVar(&force, "force", false, "overwrite workspace changes made since staging")
+	})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	res, err := c.Commit(ctx, control.CommitParams{Paths: paths, Force: force})
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		if err := printJSON(res); err != nil {
+			return err
+		}
+	} else {
+		for _, p := range res.Committed {
+			fmt.Printf("committed  %s\n", p)
+		}
+		for _, x := range res.Conflicts {
+			fmt.Printf("conflict   %s: %s (staged against %s, workspace now %s)\n", x.Path, x.Reason, x.Expected, x.Actual)
+		}
+		for _, f := range res.Failed {
+			fmt.Printf("failed     %s: %s\n", f.Path, f.Reason)
+		}
+		if len(res.Committed)+len(res.Conflicts)+len(res.Failed) == 0 {
+			fmt.Println("nothing to commit")
+		}
+	}
+	if n := len(res.Conflicts) + len(res.Failed); n > 0 {
+		return &conflictError{fmt.Sprintf("%d path(s) not committed; they stay pending (use --force to overwrite conflicts)", n)}
+	}
+	return nil
+}
+
+func runDiscard(ctx context.Context, args []string) error {
+	cf, paths, c, err := parseClient("discard", args, nil)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	res, err := c.Discard(ctx, paths)
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		return printJSON(res)
+	}
+	for _, p := range res.Discarded {
+		fmt.Printf("discarded  %s\n", p)
+	}
+	if len(res.Discarded) == 0 {
+		fmt.Println("nothing to discard")
+	}
+	return nil
+}
+
+func runMode(ctx context.Context, args []string) error {
+	cf, rest, c, err := parseClient("mode", args, nil)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if len(rest) > 1 {
+		return usagef("usage: stagefs mode [staged|immediate]")
+	}
+	if len(rest) == 0 {
+		res, err := c.Initialize(ctx)
+		if err != nil {
+			return err
+		}
+		if cf.json {
+			return printJSON(map[string]string{"mode": res.Mode})
+		}
+		fmt.Println(res.Mode)
+		return nil
+	}
+	res, err := c.SetMode(ctx, rest[0])
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		return printJSON(res)
+	}
+	fmt.Printf("mode %s (was %s)\n", res.Mode, res.Previous)
+	return nil
+}
+
+func runLog(ctx context.Context, args []string) error {
+	var since uint64
+	var limit int
+	cf, paths, c, err := parseClient("log", args, func(fs *pflag.FlagSet) {
+		fs.Uint64Var(&since, "since", 0, "only records after this sequence number")
+		fs.IntVar(&limit, "limit", 0, "only the newest N records")
+	})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	res, err := c.Log(ctx, control.LogParams{Since: since, Paths: paths, Limit: limit})
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		return printJSON(res)
+	}
+	for _, r := range res.Records {
+		what := r.Path
+		if r.Path2 != "" {
+			what += " -> " + r.Path2
+		}
+		extra := ""
+		if r.Size != 0 {
+			extra += fmt.Sprintf(" size=%d", r.Size)
+		}
+		if r.Detail != "" {
+			extra += " " + r.Detail
+		}
+		who := ""
+		if r.PID != 0 {
+			who = fmt.Sprintf(" %s[%d]", r.Comm, r.PID)
+		}
+		fmt.Printf("%6d %s %-12s %s%s%s\n", r.Seq, r.Time, r.Op, what, extra, who)
+	}
+	return nil
+}
+
+func runEvents(ctx context.Context, args []string) error {
+	cf, _, c, err := parseClient("events", args, nil)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ch, err := c.Subscribe(ctx)
+	if err != nil {
+		return err
+	}
+	for ev := range ch {
+		if cf.json {
+			b, _ := json.Marshal(ev)
+			fmt.Println(string(b))
+			continue
+		}
+		parts := []string{ev.Time, ev.Kind}
+		if ev.Kind == control.EventStagedWritesPending {
+			parts = append(parts, fmt.Sprintf("pending=%d bytes=%d", ev.PendingCount, ev.TotalBytes))
+		}
+		if len(ev.Paths) > 0 {
+			ps := append([]string(nil), ev.Paths...)
+			sort.Strings(ps)
+			parts = append(parts, strings.Join(ps, " "))
+		}
+		if ev.Missed > 0 {
+			parts = append(parts, fmt.Sprintf("missed=%d", ev.Missed))
+		}
+		fmt.Println(strings.Join(parts, " "))
+	}
+	return nil
+}
+
+func runRead(ctx context.Context, args []string) error {
+	cf, rest, c, err := parseClient("read", args, nil)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if len(rest) != 1 {
+		return usagef("usage: stagefs read PATH")
+	}
+	res, err := c.ReadText(ctx, rest[0])
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		return printJSON(res)
+	}
+	if !res.Exists {
+		return fmt.Errorf("%s does not exist in the mount", rest[0])
+	}
+	fmt.Fprintf(os.Stderr, "sha256 %s  %d bytes\n", res.SHA256, res.Size)
+	_, err = io.WriteString(os.Stdout, res.Content)
+	return err
+}
+
+func runPatch(ctx context.Context, args []string) error {
+	var expect, contentFile string
+	var edits []string
+	cf, rest, c, err := parseClient("patch", args, func(fs *pflag.FlagSet) {
+		fs.StringVar(&expect, "expect", "", "sha256 of the current content (\"\" or absent: the file must not exist)")
+		fs.StringVar(&contentFile, "content-file", "", "new content from this file (- for stdin)")
+		fs.StringArrayVar(&edits, "edit", nil, "OLD=NEW replacement; OLD must occur exactly once (repeatable)")
+	})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if len(rest) != 1 || (contentFile == "") == (len(edits) == 0) {
+		return usagef("usage: stagefs patch PATH --expect SHA256 (--content-file FILE | --edit OLD=NEW...)")
+	}
+	p := control.SafeTextPatchParams{Path: rest[0], ExpectedHash: expect}
+	if contentFile != "" {
+		var data []byte
+		if contentFile == "-" {
+			data, err = io.ReadAll(os.Stdin)
+		} else {
+			data, err = os.ReadFile(contentFile)
+		}
+		if err != nil {
+			return err
+		}
+		s := string(data)
+		p.Content = &s
+	}
+	for _, e := range edits {
+		old, nw, ok := strings.Cut(e, "=")
+		if !ok {
+			return usagef("--edit wants OLD=NEW, got %q", e)
+		}
+		p.Edits = append(p.Edits, control.TextEdit{OldText: old, NewText: nw})
+	}
+	res, err := c.SafeTextPatch(ctx, p)
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		if err := printJSON(res); err != nil {
+			return err
+		}
+	} else {
+		fmt.Printf("%s %s sha256 %s\n", res.Result, rest[0], res.SHA256)
+	}
+	if res.Result == control.PatchStaleBase {
+		return &conflictError{"the file changed since the expected hash was taken (stale_base)"}
+	}
+	return nil
+}

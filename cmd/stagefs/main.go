@@ -1,0 +1,140 @@
+// Command stagefs mounts a staged overlay over a workspace and controls it.
+// See the README for the commands, the protocol and the exit codes.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"stagefs/control"
+)
+
+// Exit codes, documented in the README; mapped here and nowhere else.
+const (
+	exitOK       = 0
+	exitError    = 1
+	exitUsage    = 2
+	exitConflict = 3 // commit left conflicts or failures; patch was stale
+	exitNoDaemon = 4
+)
+
+// usageError is a mistake in the command line.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
+
+// conflictError reports a command that ran but left something undone.
+type conflictError struct{ msg string }
+
+func (e *conflictError) Error() string { return e.msg }
+
+// noDaemonError reports that no daemon could be reached.
+type noDaemonError struct{ err error }
+
+func (e *noDaemonError) Error() string { return e.err.Error() }
+func (e *noDaemonError) Unwrap() error { return e.err }
+
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string) error
+}
+
+var commands []command
+
+func init() {
+	commands = []command{
+		{"mount", "mount WORKSPACE MOUNTPOINT: lay a staged overlay over WORKSPACE at MOUNTPOINT", runMount},
+		{"unmount", "unmount MOUNTPOINT: unmount; the pending set is kept", runUnmount},
+		{"status", "status [PATH...]: list pending changes", runStatus},
+		{"diff", "diff [PATH...]: unified diff of pending changes (git apply compatible)", runDiff},
+		{"commit", "commit [PATH...] [--force]: apply pending changes to the workspace", runCommit},
+		{"discard", "discard [PATH...]: drop pending changes", runDiscard},
+		{"mode", "mode [staged|immediate]: show or switch the write mode", runMode},
+		{"log", "log [--since SEQ] [PATH...]: show the journal", runLog},
+		{"events", "events: follow session/update events", runEvents},
+		{"read", "read PATH: print a file as the mount shows it, with its sha256", runRead},
+		{"patch", "patch PATH --expect SHA256 (--content-file F | --edit OLD=NEW): compare-and-swap write", runPatch},
+	}
+}
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		printUsage(os.Stdout)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	if args[0] == "--version" || args[0] == "version" {
+		fmt.Println("stagefs", version)
+		return exitOK
+	}
+	var cmd *command
+	for i := range commands {
+		if commands[i].name == args[0] {
+			cmd = &commands[i]
+		}
+	}
+	if args[0] == daemonCommand {
+		cmd = &command{name: daemonCommand, run: runDaemon}
+	}
+	if cmd == nil {
+		fmt.Fprintf(os.Stderr, "stagefs: unknown command %q (see stagefs --help)\n", args[0])
+		return exitUsage
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := cmd.run(ctx, args[1:])
+	return exitCode(err)
+}
+
+func exitCode(err error) int {
+	if err == nil {
+		return exitOK
+	}
+	var ue *usageError
+	var ce *conflictError
+	var nd *noDaemonError
+	switch {
+	case errors.As(err, &ue):
+		fmt.Fprintf(os.Stderr, "stagefs: %v\n", err)
+		return exitUsage
+	case errors.As(err, &ce):
+		fmt.Fprintf(os.Stderr, "stagefs: %v\n", err)
+		return exitConflict
+	case errors.As(err, &nd):
+		fmt.Fprintf(os.Stderr, "stagefs: %v\n", err)
+		return exitNoDaemon
+	}
+	var re *control.Error
+	if errors.As(err, &re) {
+		fmt.Fprintf(os.Stderr, "stagefs: %s (%s)\n", re.Message, re.Kind())
+		if re.Code == control.CodeStaleBase || re.Code == control.CodeConflict {
+			return exitConflict
+		}
+		return exitError
+	}
+	fmt.Fprintf(os.Stderr, "stagefs: %v\n", err)
+	return exitError
+}
+
+func printUsage(w *os.File) {
+	fmt.Fprintln(w, "stagefs: a staged overlay filesystem for agent workspaces")
+	fmt.Fprintln(w, "\nusage: stagefs COMMAND [ARGS...]  (each command takes --help; clients take --json)")
+	fmt.Fprintln(w)
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %s\n", c.summary)
+	}
+	fmt.Fprintln(w, "\nClients find the daemon by -m/--mount, --socket, $STAGEFS_SOCKET, or the mount holding the current directory.")
+}

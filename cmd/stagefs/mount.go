@@ -1,0 +1,288 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// daemonCommand is the hidden subcommand the background daemon runs as.
+const daemonCommand = "__daemon"
+
+// mountConfig is everything mount and the daemon need.
+type mountConfig struct {
+	workspace, mountpoint, state string
+	mode                         string
+	foreground, debug            bool
+	readyFd                      int
+	timeout                      time.Duration
+}
+
+func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
+	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
+	fs.StringVar(&cfg.state, "state", "", "state dir (default: $XDG_STATE_HOME/stagefs/NAME-HASH, else ~/.local/state/stagefs/NAME-HASH)")
+	fs.StringVar(&cfg.mode, "mode", "staged", "write mode: staged or immediate")
+	fs.BoolVar(&cfg.foreground, "foreground", false, "stay attached; unmount on SIGINT/SIGTERM")
+	fs.BoolVar(&cfg.debug, "debug", false, "log every FUSE request")
+	fs.DurationVar(&cfg.timeout, "cache-timeout", time.Second, "how long the kernel caches names and attributes")
+	return fs
+}
+
+func runMount(ctx context.Context, args []string) error {
+	var cfg mountConfig
+	fs := mountFlags("mount", &cfg)
+	if err := fs.Parse(args); err != nil {
+		return usagef("%v", err)
+	}
+	if fs.NArg() != 2 {
+		return usagef("usage: stagefs mount WORKSPACE MOUNTPOINT [--state DIR] [--mode staged|immediate] [--foreground] [--debug]")
+	}
+	if err := cfg.resolve(fs.Arg(0), fs.Arg(1)); err != nil {
+		return err
+	}
+	if cfg.foreground {
+		cfg.readyFd = -1
+		return serve(ctx, &cfg, nil)
+	}
+	return startBackground(&cfg, args)
+}
+
+// resolve makes the paths absolute and real, picks the state dir and
+// refuses layouts that would make the mount see itself.
+func (cfg *mountConfig) resolve(workspace, mountpoint string) error {
+	var err error
+	if cfg.workspace, err = realDir(workspace, "workspace"); err != nil {
+		return err
+	}
+	if cfg.mountpoint, err = realDir(mountpoint, "mount point"); err != nil {
+		return err
+	}
+	if _, err := parseMode(cfg.mode); err != nil {
+		return usagef("%v", err)
+	}
+	if within(cfg.mountpoint, cfg.workspace) {
+		return fmt.Errorf("the mount point %s is inside the workspace %s: the mount would contain itself; choose a mount point outside the workspace", cfg.mountpoint, cfg.workspace)
+	}
+	if within(cfg.workspace, cfg.mountpoint) {
+		return fmt.Errorf("the workspace %s is inside the mount point %s: it would be hidden by the mount; choose another mount point", cfg.workspace, cfg.mountpoint)
+	}
+	if cfg.state == "" {
+		cfg.state, err = defaultStateDir(cfg.workspace)
+		if err != nil {
+			return err
+		}
+	}
+	if cfg.state, err = filepath.Abs(cfg.state); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(cfg.state, 0o700); err != nil {
+		return fmt.Errorf("create state dir: %w", err)
+	}
+	if real, err := filepath.EvalSymlinks(cfg.state); err == nil {
+		cfg.state = real
+	}
+	if within(cfg.state, cfg.mountpoint) {
+		return fmt.Errorf("the state dir %s is inside the mount point %s: it would be reachable through the mount; choose a state dir elsewhere with --state", cfg.state, cfg.mountpoint)
+	}
+	if within(cfg.workspace, cfg.state) {
+		return fmt.Errorf("the workspace %s is inside the state dir %s; choose another state dir", cfg.workspace, cfg.state)
+	}
+	if len(socketPath(cfg.state)) > 107 {
+		return fmt.Errorf("the control socket path %s is longer than a Unix socket allows (107 bytes); choose a shorter --state", socketPath(cfg.state))
+	}
+	return nil
+}
+
+func realDir(p, what string) (string, error) {
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return "", err
+	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		if errors.Is(err, syscall.ENOTCONN) {
+			// A dead mount left by a killed daemon: serve clears it.
+			return abs, nil
+		}
+		return "", fmt.Errorf("%s %s: %w", what, p, err)
+	}
+	st, err := os.Stat(real)
+	if err != nil {
+		return "", fmt.Errorf("%s %s: %w", what, p, err)
+	}
+	if !st.IsDir() {
+		return "", fmt.Errorf("%s %s is not a directory", what, p)
+	}
+	return real, nil
+}
+
+// within reports whether p is dir or below it.
+func within(p, dir string) bool {
+	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
+}
+
+func defaultStateDir(workspace string) (string, error) {
+	root := os.Getenv("XDG_STATE_HOME")
+	if root == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return "", fmt.Errorf("no $XDG_STATE_HOME and no home directory: pass --state DIR")
+		}
+		root = filepath.Join(home, ".local", "state")
+	}
+	sum := sha256.Sum256([]byte(workspace))
+	return filepath.Join(root, "stagefs", filepath.Base(workspace)+"-"+hex.EncodeToString(sum[:])[:12]), nil
+}
+
+func socketPath(state string) string { return filepath.Join(state, "control.sock") }
+
+// startBackground re-runs stagefs as a detached daemon and waits until it
+// reports the mount ready (or why it failed).
+func startBackground(cfg *mountConfig, args []string) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	logPath := filepath.Join(cfg.state, "daemon.log")
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		w.Close()
+		return err
+	}
+	defer logf.Close()
+	dargs := []string{daemonCommand, "--ready-fd", "3", "--state", cfg.state, "--mode", cfg.mode,
+		"--cache-timeout", cfg.timeout.String()}
+	if cfg.debug {
+		dargs = append(dargs, "--debug")
+	}
+	dargs = append(dargs, cfg.workspace, cfg.mountpoint)
+	cmd := exec.Command(exe, dargs...)
+	cmd.Dir = "/" // never inside the mount
+	cmd.Stdin = nil
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = []*os.File{w}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return err
+	}
+	w.Close()
+	line, _ := bufio.NewReader(r).ReadString('\n')
+	line = strings.TrimSpace(line)
+	if line != "ready" {
+		cmd.Wait()
+		if line == "" {
+			line = "the daemon exited before the mount was ready; see " + logPath
+		}
+		return errors.New(strings.TrimPrefix(line, "error: "))
+	}
+	cmd.Process.Release()
+	fmt.Printf("mounted %s\n  workspace: %s\n  state dir: %s\n  socket:    %s\n  mode:      %s\n",
+		cfg.mountpoint, cfg.workspace, cfg.state, socketPath(cfg.state), cfg.mode)
+	return nil
+}
+
+// runDaemon is the background daemon's entry point.
+func runDaemon(ctx context.Context, args []string) error {
+	var cfg mountConfig
+	fs := mountFlags(daemonCommand, &cfg)
+	fs.IntVar(&cfg.readyFd, "ready-fd", -1, "")
+	if err := fs.Parse(args); err != nil {
+		return usagef("%v", err)
+	}
+	if fs.NArg() != 2 {
+		return usagef("internal: daemon needs WORKSPACE MOUNTPOINT")
+	}
+	cfg.workspace, cfg.mountpoint = fs.Arg(0), fs.Arg(1)
+	var ready *os.File
+	if cfg.readyFd >= 0 {
+		ready = os.NewFile(uintptr(cfg.readyFd), "ready")
+	}
+	err := serve(ctx, &cfg, ready)
+	if err != nil && ready != nil {
+		fmt.Fprintf(ready, "error: %v\n", err)
+		ready.Close()
+	}
+	return err
+}
+
+// mountEntry is one line of /proc/self/mountinfo.
+type mountEntry struct {
+	point, fstype, source string
+}
+
+func readMounts() ([]mountEntry, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []mountEntry
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		sep := -1
+		for i, f := range fields {
+			if f == "-" {
+				sep = i
+				break
+			}
+		}
+		if sep < 5 || len(fields) < sep+3 {
+			continue
+		}
+		out = append(out, mountEntry{point: unescapeMount(fields[4]), fstype: fields[sep+1], source: unescapeMount(fields[sep+2])})
+	}
+	return out, sc.Err()
+}
+
+// unescapeMount decodes the octal escapes (\040 for space) of mountinfo.
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// stagefsSourcePrefix marks stagefs mounts in /proc/mounts; the rest of the
+// source is the state dir, so clients find the socket from a mount point.
+const stagefsSourcePrefix = "stagefs:"
+
+func isMounted(point string) (mountEntry, bool) {
+	ms, _ := readMounts()
+	for i := len(ms) - 1; i >= 0; i-- {
+		if ms[i].point == point {
+			return ms[i], true
+		}
+	}
+	return mountEntry{}, false
+}

@@ -1,0 +1,218 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"stagefs/control"
+	"stagefs/fusefs"
+	"stagefs/journal"
+	"stagefs/overlay"
+)
+
+func parseMode(s string) (overlay.Mode, error) { return overlay.ParseMode(s) }
+
+// serve runs the daemon: lock the state dir, recover, mount, answer the
+// control socket, and unmount on a signal. ready, when set, gets "ready\n"
+// once the mount serves.
+func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
+	// The kernel applied the caller's umask to every mode it sends; ours
+	// must not apply a second one.
+	syscall.Umask(0)
+	logger := log.New(os.Stderr, "stagefs: ", log.LstdFlags|log.Lmicroseconds)
+	mode, err := parseMode(cfg.mode)
+	if err != nil {
+		return err
+	}
+	lock, err := lockState(cfg.state)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := clearStaleMount(cfg.mountpoint); err != nil {
+		return err
+	}
+	jr, info, err := journal.Open(filepath.Join(cfg.state, "journal.log"), journal.Options{})
+	if err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	defer jr.Close()
+	if info.TornBytes > 0 {
+		logger.Printf("journal: cut a torn tail of %d bytes (kept in %s)", info.TornBytes, info.BrokenCopy)
+	}
+	unfinished, err := unfinishedCommit(jr)
+	if err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	var hidden []string
+	if within(cfg.state, cfg.workspace) {
+		rel, _ := filepath.Rel(cfg.workspace, cfg.state)
+		hidden = append(hidden, filepath.ToSlash(rel))
+	}
+	b := &backend{cfg: cfg, journal: jr, sessionID: newSessionID(), started: time.Now(), wake: make(chan struct{}, 1)}
+	eng, err := overlay.New(overlay.Options{
+		Workspace: cfg.workspace,
+		StateDir:  cfg.state,
+		Mode:      mode,
+		Journal:   jr,
+		OnChange:  b.pendingChanged,
+		Logf:      logger.Printf,
+		Hidden:    hidden,
+	})
+	if err != nil {
+		return err
+	}
+	defer eng.Close()
+	b.eng = eng
+	if len(unfinished) > 0 {
+		res := eng.Recover(unfinished)
+		logger.Printf("finished an interrupted commit: %d committed, %d conflicts, %d failed", len(res.Committed), len(res.Conflicts), len(res.Failed))
+	}
+	mfs, err := fusefs.Mount(cfg.mountpoint, eng, fusefs.Options{
+		Timeout: cfg.timeout,
+		Debug:   cfg.debug,
+		Name:    stagefsSourcePrefix + cfg.state,
+	})
+	if err != nil {
+		return fmt.Errorf("mount %s: %w%s", cfg.mountpoint, err, mountHint(err))
+	}
+	b.fs = mfs
+	server := mfs.Server()
+	l, err := control.Listen(socketPath(cfg.state))
+	if err != nil {
+		server.Unmount()
+		return fmt.Errorf("control socket: %w", err)
+	}
+	ctl := control.NewServer(b, control.ServerOptions{Logf: logger.Printf})
+	b.ctl = ctl
+	go ctl.Serve(l)
+	go b.publishLoop()
+	defer func() {
+		ctl.Close()
+		os.Remove(socketPath(cfg.state))
+	}()
+	if ready != nil {
+		fmt.Fprintln(ready, "ready")
+		ready.Close()
+	}
+	logger.Printf("serving %s over %s (state %s, mode %s)", cfg.mountpoint, cfg.workspace, cfg.state, mode)
+
+	done := make(chan struct{})
+	go func() { server.Wait(); close(done) }()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	for {
+		select {
+		case <-done:
+			logger.Printf("unmounted %s; the pending set is kept in %s", cfg.mountpoint, cfg.state)
+			return nil
+		case <-ctx.Done():
+			unmountFromDaemon(server, cfg.mountpoint, logger)
+		case s := <-sigs:
+			logger.Printf("%v: unmounting", s)
+			unmountFromDaemon(server, cfg.mountpoint, logger)
+		}
+	}
+}
+
+// unmountFromDaemon unmounts; when files are still open it detaches the
+// mount lazily, and the daemon keeps serving until the last holder lets go.
+func unmountFromDaemon(server interface{ Unmount() error }, mountpoint string, logger *log.Logger) {
+	if err := server.Unmount(); err != nil {
+		logger.Printf("unmount: %v; detaching lazily", err)
+		lazyUnmount(mountpoint)
+	}
+}
+
+func mountHint(err error) string {
+	if os.Geteuid() != 0 {
+		if _, lerr := exec.LookPath("fusermount3"); lerr != nil {
+			return " (as a non-root user stagefs needs fusermount3: install the fuse3 package)"
+		}
+	}
+	if _, serr := os.Stat("/dev/fuse"); serr != nil {
+		return " (/dev/fuse is missing: load the fuse module or give the container the device)"
+	}
+	return ""
+}
+
+// lockState takes the state dir's lock so two daemons never share it.
+func lockState(state string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(state, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		pid, _ := os.ReadFile(filepath.Join(state, "pid"))
+		f.Close()
+		return nil, fmt.Errorf("another stagefs daemon (pid %s) is using the state dir %s; unmount it first or pass another --state", string(pid), state)
+	}
+	os.WriteFile(filepath.Join(state, "pid"), []byte(fmt.Sprint(os.Getpid())), 0o600)
+	return f, nil
+}
+
+// clearStaleMount removes a mount left by a killed daemon (its mount point
+// answers ENOTCONN) and refuses a live one.
+func clearStaleMount(mp string) error {
+	if _, ok := isMounted(mp); !ok {
+		return nil
+	}
+	var st syscall.Stat_t
+	err := syscall.Stat(mp, &st)
+	if err == nil {
+		return fmt.Errorf("%s is already a mount point; unmount it first (stagefs unmount %s)", mp, mp)
+	}
+	if err != syscall.ENOTCONN && err != syscall.ECONNABORTED {
+		return fmt.Errorf("%s: %w", mp, err)
+	}
+	if err := lazyUnmount(mp); err != nil {
+		return fmt.Errorf("clear the dead mount at %s: %w", mp, err)
+	}
+	return nil
+}
+
+func lazyUnmount(mp string) error {
+	if os.Geteuid() == 0 {
+		return syscall.Unmount(mp, syscall.MNT_DETACH)
+	}
+	return exec.Command("fusermount3", "-u", "-z", mp).Run()
+}
+
+// unfinishedCommit returns the paths of the last commit the journal shows
+// begun but not ended (a crash in the middle).
+func unfinishedCommit(jr *journal.Journal) ([]string, error) {
+	var pending []string
+	err := jr.Scan(0, func(r journal.Record) error {
+		rec, err := overlay.DecodeRecord(r.Seq, r.Payload)
+		if err != nil {
+			return nil // not an engine record; nothing to finish
+		}
+		switch rec.Op {
+		case "commit_begin":
+			pending = nil
+			json.Unmarshal([]byte(rec.Detail), &pending)
+		case "commit_end":
+			pending = nil
+		}
+		return nil
+	})
+	return pending, err
+}
+
+func newSessionID() string {
+	var b [8]byte
+	f, err := os.Open("/dev/urandom")
+	if err == nil {
+		f.Read(b[:])
+		f.Close()
+	}
+	return fmt.Sprintf("sess_%x", b)
+}

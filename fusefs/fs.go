@@ -1,0 +1,483 @@
+package fusefs
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"stagefs/overlay"
+)
+
+// Options configure a mount.
+type Options struct {
+	// Timeout is how long the kernel may cache names and attributes. Changes
+	// made through the mount and by commit/discard are invalidated at once;
+	// edits made directly in the workspace show after at most this long.
+	Timeout time.Duration
+	Debug   bool
+	// Name shows in /proc/mounts as the source.
+	Name string
+}
+
+// FS is a mounted overlay.
+type FS struct {
+	eng    *overlay.Engine
+	root   *node
+	server *fuse.Server
+}
+
+// Mount mounts eng at mountpoint and returns once the kernel serves it.
+func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
+	if opts.Timeout == 0 {
+		opts.Timeout = time.Second
+	}
+	if opts.Name == "" {
+		opts.Name = "stagefs"
+	}
+	sys := &FS{eng: eng}
+	sys.root = &node{sys: sys}
+	st, err := eng.Stat("")
+	if err != nil {
+		return nil, err
+	}
+	timeout := opts.Timeout
+	mo := fuse.MountOptions{
+		AllowOther:    os.Geteuid() == 0,
+		FsName:        opts.Name,
+		Name:          "stagefs",
+		DirectMount:   os.Geteuid() == 0,
+		Debug:         opts.Debug,
+		MaxBackground: 64,
+		// The kernel checks permissions itself (other uids, sticky dirs).
+		Options: []string{"default_permissions"},
+	}
+	server, err := fs.Mount(mountpoint, sys.root, &fs.Options{
+		MountOptions:    mo,
+		EntryTimeout:    &timeout,
+		AttrTimeout:     &timeout,
+		NegativeTimeout: &timeout,
+		RootStableAttr:  &fs.StableAttr{Ino: st.Ino, Mode: syscall.S_IFDIR},
+		// Ownership comes from the engine; nothing is invented.
+		NullPermissions: true,
+	})
+	if err != nil {
+		return nil, err
+	}
+	sys.server = server
+	return sys, nil
+}
+
+// Server is the go-fuse server (Wait, Unmount).
+func (sys *FS) Server() *fuse.Server { return sys.server }
+
+// Invalidate drops the kernel's cached names, attributes and pages of the
+// given paths, after commit or discard changed what they show. It runs the
+// notifications outside any FUSE handler, as the kernel requires.
+func (sys *FS) Invalidate(paths []string) {
+	go func() {
+		for _, p := range paths {
+			parent := &sys.root.Inode
+			dir, name := "", p
+			if i := strings.LastIndexByte(p, '/'); i >= 0 {
+				dir, name = p[:i], p[i+1:]
+			}
+			if dir != "" {
+				for _, c := range strings.Split(dir, "/") {
+					if parent = parent.GetChild(c); parent == nil {
+						break
+					}
+				}
+			}
+			if parent == nil || name == "" {
+				continue
+			}
+			if child := parent.GetChild(name); child != nil {
+				child.NotifyContent(0, 0)
+			}
+			parent.NotifyEntry(name)
+		}
+	}()
+}
+
+// toErrno is the one translation of engine errors to kernel errnos: it
+// unwraps, so a wrapped errno is not turned into ENOSYS, and anything
+// unknown becomes EIO.
+func toErrno(err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	if errors.Is(err, os.ErrNotExist) {
+		return syscall.ENOENT
+	}
+	return syscall.EIO
+}
+
+func caller(ctx context.Context) overlay.Caller {
+	c, ok := fuse.FromContext(ctx)
+	if !ok {
+		return overlay.Caller{}
+	}
+	return overlay.Caller{Pid: int(c.Pid), Uid: c.Uid, Gid: c.Gid}
+}
+
+// node is one file or directory of the mount. Its identity is its path;
+// the engine does the rest.
+type node struct {
+	fs.Inode
+	sys *FS
+}
+
+var (
+	_ fs.NodeLookuper      = (*node)(nil)
+	_ fs.NodeGetattrer     = (*node)(nil)
+	_ fs.NodeSetattrer     = (*node)(nil)
+	_ fs.NodeOpener        = (*node)(nil)
+	_ fs.NodeCreater       = (*node)(nil)
+	_ fs.NodeMkdirer       = (*node)(nil)
+	_ fs.NodeMknoder       = (*node)(nil)
+	_ fs.NodeSymlinker     = (*node)(nil)
+	_ fs.NodeLinker        = (*node)(nil)
+	_ fs.NodeUnlinker      = (*node)(nil)
+	_ fs.NodeRmdirer       = (*node)(nil)
+	_ fs.NodeRenamer       = (*node)(nil)
+	_ fs.NodeReadlinker    = (*node)(nil)
+	_ fs.NodeReaddirer     = (*node)(nil)
+	_ fs.NodeStatfser      = (*node)(nil)
+	_ fs.NodeGetxattrer    = (*node)(nil)
+	_ fs.NodeSetxattrer    = (*node)(nil)
+	_ fs.NodeListxattrer   = (*node)(nil)
+	_ fs.NodeRemovexattrer = (*node)(nil)
+)
+
+func (n *node) path() string {
+	return n.Path(&n.sys.root.Inode)
+}
+
+func (n *node) child(name string) string {
+	p := n.path()
+	if p == "" {
+		return name
+	}
+	return p + "/" + name
+}
+
+// newChild returns the inode for a child with attributes st, reusing the
+// existing one for the same inode number (hard links, copy-up).
+func (n *node) newChild(ctx context.Context, st *syscall.Stat_t, out *fuse.EntryOut) *fs.Inode {
+	out.Attr.FromStat(st)
+	return n.NewInode(ctx, &node{sys: n.sys}, fs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: st.Ino})
+}
+
+func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if len(name) > 255 {
+		return nil, syscall.ENAMETOOLONG
+	}
+	st, err := n.sys.eng.Stat(n.child(name))
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return n.newChild(ctx, st, out), 0
+}
+
+func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	if h, ok := f.(*handle); ok {
+		return h.Getattr(ctx, out)
+	}
+	st, err := n.sys.eng.Stat(n.path())
+	if err != nil {
+		if err == syscall.ENOENT {
+			// The node was removed under an open reference.
+			return syscall.ESTALE
+		}
+		return toErrno(err)
+	}
+	out.FromStat(st)
+	return 0
+}
+
+func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	var a overlay.SetAttr
+	if m, ok := in.GetMode(); ok {
+		a.Mode = &m
+	}
+	uid, uok := in.GetUID()
+	gid, gok := in.GetGID()
+	if uok {
+		a.Uid = &uid
+	}
+	if gok {
+		a.Gid = &gid
+	}
+	if sz, ok := in.GetSize(); ok {
+		a.Size = &sz
+	}
+	if in.Valid&fuse.FATTR_ATIME != 0 {
+		ts := unix.Timespec{Sec: int64(in.Atime), Nsec: int64(in.Atimensec)}
+		if in.Valid&fuse.FATTR_ATIME_NOW != 0 {
+			ts = unix.Timespec{Nsec: unix.UTIME_NOW}
+		}
+		a.Atime = &ts
+	}
+	if in.Valid&fuse.FATTR_MTIME != 0 {
+		ts := unix.Timespec{Sec: int64(in.Mtime), Nsec: int64(in.Mtimensec)}
+		if in.Valid&fuse.FATTR_MTIME_NOW != 0 {
+			ts = unix.Timespec{Nsec: unix.UTIME_NOW}
+		}
+		a.Mtime = &ts
+	}
+	fd := -1
+	if h, ok := f.(*handle); ok && h.f.Writable {
+		fd = h.f.Fd
+	}
+	st, err := n.sys.eng.Setattr(n.path(), fd, a, caller(ctx))
+	if err != nil {
+		return toErrno(err)
+	}
+	out.FromStat(st)
+	return 0
+}
+
+func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	p := n.path()
+	f, err := n.sys.eng.Open(p, int(flags), caller(ctx))
+	if err != nil {
+		return nil, 0, toErrno(err)
+	}
+	return &handle{sys: n.sys, n: n, f: f, path: p}, 0, 0
+}
+
+func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	p := n.child(name)
+	f, st, err := n.sys.eng.Create(p, int(flags), mode, caller(ctx))
+	if err != nil {
+		return nil, nil, 0, toErrno(err)
+	}
+	child := n.newChild(ctx, st, out)
+	return child, &handle{sys: n.sys, n: child.Operations().(*node), f: f, path: p}, 0, 0
+}
+
+func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	st, err := n.sys.eng.Mkdir(n.child(name), mode, caller(ctx))
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return n.newChild(ctx, st, out), 0
+}
+
+func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	st, err := n.sys.eng.Mknod(n.child(name), mode, uint64(rdev), caller(ctx))
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return n.newChild(ctx, st, out), 0
+}
+
+func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	st, err := n.sys.eng.Symlink(target, n.child(name), caller(ctx))
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return n.newChild(ctx, st, out), 0
+}
+
+func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	t, ok := target.(*node)
+	if !ok {
+		return nil, syscall.EXDEV
+	}
+	st, err := n.sys.eng.Link(t.path(), n.child(name), caller(ctx))
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return n.newChild(ctx, st, out), 0
+}
+
+func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	return toErrno(n.sys.eng.Unlink(n.child(name), caller(ctx)))
+}
+
+func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	return toErrno(n.sys.eng.Rmdir(n.child(name), caller(ctx)))
+}
+
+func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	np, ok := newParent.(*node)
+	if !ok {
+		return syscall.EXDEV
+	}
+	return toErrno(n.sys.eng.Rename(n.child(name), np.child(newName), flags, caller(ctx)))
+}
+
+func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	t, err := n.sys.eng.Readlink(n.path())
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return []byte(t), 0
+}
+
+func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
+	ents, err := n.sys.eng.ReadDir(n.path())
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	list := make([]fuse.DirEntry, 0, len(ents)+2)
+	list = append(list, fuse.DirEntry{Name: ".", Mode: syscall.S_IFDIR, Ino: n.StableAttr().Ino})
+	parentIno := n.StableAttr().Ino
+	if _, parent := n.Parent(); parent != nil {
+		parentIno = parent.StableAttr().Ino
+	}
+	list = append(list, fuse.DirEntry{Name: "..", Mode: syscall.S_IFDIR, Ino: parentIno})
+	for _, d := range ents {
+		list = append(list, fuse.DirEntry{Name: d.Name, Mode: d.Mode, Ino: d.Ino})
+	}
+	return fs.NewListDirStream(list), 0
+}
+
+func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	st, err := n.sys.eng.Statfs()
+	if err != nil {
+		return toErrno(err)
+	}
+	out.FromStatfsT(st)
+	return 0
+}
+
+func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	sz, err := n.sys.eng.Getxattr(n.path(), attr, dest)
+	if err != nil {
+		return uint32(sz), toErrno(err)
+	}
+	return uint32(sz), 0
+}
+
+func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	return toErrno(n.sys.eng.Setxattr(n.path(), attr, data, int(flags), caller(ctx)))
+}
+
+func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	return toErrno(n.sys.eng.Removexattr(n.path(), attr, caller(ctx)))
+}
+
+func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	b, err := n.sys.eng.Listxattr(n.path())
+	if err != nil {
+		return 0, toErrno(err)
+	}
+	if len(dest) == 0 {
+		return uint32(len(b)), 0
+	}
+	if len(b) > len(dest) {
+		return uint32(len(b)), syscall.ERANGE
+	}
+	return uint32(copy(dest, b)), 0
+}
+
+// handle is an open file. Reads of a workspace file move to the pending
+// copy once the file has been copied up, so a reader sees what writers
+// wrote through the mount.
+type handle struct {
+	sys  *FS
+	n    *node
+	path string
+
+	mu sync.Mutex // guards f.Fd and f.Upper while re-pointing
+	f  *overlay.File
+}
+
+var (
+	_ fs.FileReader    = (*handle)(nil)
+	_ fs.FileWriter    = (*handle)(nil)
+	_ fs.FileFsyncer   = (*handle)(nil)
+	_ fs.FileFlusher   = (*handle)(nil)
+	_ fs.FileReleaser  = (*handle)(nil)
+	_ fs.FileGetattrer = (*handle)(nil)
+	_ fs.FileLseeker   = (*handle)(nil)
+	_ fs.FileAllocater = (*handle)(nil)
+)
+
+// fd returns the descriptor to read from, re-pointing a read-only handle on
+// a workspace file at its pending copy after a copy-up.
+func (h *handle) fd() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.f.Upper && !h.f.Writable && h.sys.eng.CopyGeneration() != h.f.Gen {
+		p := h.n.path()
+		if h.sys.eng.IsStaged(p) {
+			if nf, err := h.sys.eng.Open(p, unix.O_RDONLY, overlay.Caller{}); err == nil && nf.Upper {
+				unix.Close(h.f.Fd)
+				h.f.Fd, h.f.Upper = nf.Fd, true
+			} else if err == nil {
+				unix.Close(nf.Fd)
+			}
+		}
+		h.f.Gen = h.sys.eng.CopyGeneration()
+	}
+	return h.f.Fd
+}
+
+func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	n, err := unix.Pread(h.fd(), dest, off)
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return fuse.ReadResultData(dest[:n]), 0
+}
+
+func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	n, err := unix.Pwrite(h.f.Fd, data, off)
+	if err != nil {
+		return 0, toErrno(err)
+	}
+	return uint32(n), 0
+}
+
+func (h *handle) Flush(ctx context.Context) syscall.Errno { return 0 }
+
+func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	if flags&1 != 0 {
+		return toErrno(unix.Fdatasync(h.f.Fd))
+	}
+	return toErrno(unix.Fsync(h.f.Fd))
+}
+
+func (h *handle) Release(ctx context.Context) syscall.Errno {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sys.eng.Release(h.path, h.f, caller(ctx))
+	return 0
+}
+
+func (h *handle) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(h.fd(), &st); err != nil {
+		return toErrno(err)
+	}
+	out.FromStat(&st)
+	out.Ino = h.n.StableAttr().Ino
+	return 0
+}
+
+func (h *handle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+	n, err := unix.Seek(h.fd(), int64(off), int(whence))
+	if err != nil {
+		return 0, toErrno(err)
+	}
+	return uint64(n), 0
+}
+
+func (h *handle) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
+	return toErrno(unix.Fallocate(h.f.Fd, mode, int64(off), int64(size)))
+}

@@ -1,0 +1,577 @@
+package overlay
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// CommitResult reports what a commit did, path by path.
+type CommitResult struct {
+	Committed []string
+	Conflicts []Conflict
+	Failed    []Failure
+}
+
+// Conflict is a path whose workspace entry changed since it was staged.
+type Conflict struct {
+	Path     string
+	Reason   string
+	Expected string
+	Actual   string
+}
+
+// Failure is a path that could not be committed for another reason.
+type Failure struct {
+	Path   string
+	Reason string
+}
+
+// errConflict marks a baseline mismatch inside the commit steps.
+type conflictError struct{ expected, actual string }
+
+func (c *conflictError) Error() string {
+	return "the workspace changed since this path was staged"
+}
+
+// Commit applies the pending changes at or below paths (all when empty) to
+// the workspace. Each path is checked against its baseline first: a path
+// changed in the workspace meanwhile is a conflict and stays pending, unless
+// force is set. Files are written to a temporary name in their directory,
+// fsynced, and renamed into place; directories are fsynced once at the end.
+// A commit interrupted by a crash is finished by Recover.
+func (e *Engine) Commit(paths []string, force bool, c Caller) CommitResult {
+	e.mu.Lock()
+	sel := e.selectLocked(paths, true)
+	e.mu.Unlock()
+	if len(sel) == 0 {
+		return CommitResult{}
+	}
+	intent, _ := json.Marshal(sel)
+	e.record(Record{Op: "commit_begin", Pid: c.Pid, Detail: string(intent)})
+	e.mu.Lock()
+	res := e.commitLocked(sel, force)
+	e.mu.Unlock()
+	sum, _ := json.Marshal(map[string]int{"committed": len(res.Committed), "conflicts": len(res.Conflicts), "failed": len(res.Failed)})
+	e.record(Record{Op: "commit_end", Pid: c.Pid, Detail: string(sum)})
+	e.changed()
+	return res
+}
+
+type commitRun struct {
+	e       *Engine
+	force   bool
+	res     CommitResult
+	syncDir map[string]bool   // base dirs to fsync at the end
+	linked  map[uint64]string // upper inode -> base path committed (hard links)
+	failed  map[string]bool   // paths that did not commit; their descendants wait
+}
+
+func (e *Engine) commitLocked(sel []string, force bool) CommitResult {
+	r := &commitRun{e: e, force: force, syncDir: map[string]bool{}, linked: map[uint64]string{}, failed: map[string]bool{}}
+	// 1. Directory renames, shallowest destination first.
+	var redirects []string
+	for _, p := range sel {
+		if m := e.index[p]; m != nil && m.Kind == KindDir && m.Redirect != "" {
+			redirects = append(redirects, p)
+		}
+	}
+	sort.SliceStable(redirects, func(i, j int) bool { return depth(redirects[i]) < depth(redirects[j]) })
+	for _, p := range redirects {
+		r.do(p, r.applyRedirect)
+	}
+	// 2. Deletions, deepest first.
+	var deletes, dirs, files []string
+	for _, p := range sel {
+		m := e.index[p]
+		switch {
+		case m == nil:
+		case m.Kind == KindWhiteout || m.Deleted:
+			deletes = append(deletes, p)
+		case m.Kind == KindDir:
+			dirs = append(dirs, p)
+		default:
+			files = append(files, p)
+		}
+	}
+	sort.SliceStable(deletes, func(i, j int) bool { return depth(deletes[i]) > depth(deletes[j]) })
+	for _, p := range deletes {
+		r.do(p, r.applyDelete)
+	}
+	// 3. Directories, shallowest first; 4. files.
+	sort.SliceStable(dirs, func(i, j int) bool { return depth(dirs[i]) < depth(dirs[j]) })
+	for _, p := range dirs {
+		r.do(p, r.applyDir)
+	}
+	for _, p := range files {
+		r.do(p, r.applyFile)
+	}
+	// 5. Directory times last: creating children changed them.
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if !r.failed[dirs[i]] {
+			r.applyDirTimes(dirs[i])
+		}
+	}
+	for dir := range r.syncDir {
+		if fd, err := e.base.openDirRead(dir); err == nil {
+			unix.Fsync(fd)
+			unix.Close(fd)
+		}
+	}
+	// 6. Drop what was committed from the pending set, deepest first.
+	done := append([]string(nil), r.res.Committed...)
+	sort.SliceStable(done, func(i, j int) bool { return depth(done[i]) > depth(done[j]) })
+	for _, p := range done {
+		e.dropCommitted(p)
+	}
+	sort.Strings(r.res.Committed)
+	r.res.Committed = uniq(r.res.Committed)
+	return r.res
+}
+
+func depth(p string) int {
+	if p == "" {
+		return 0
+	}
+	return strings.Count(p, "/") + 1
+}
+
+// do runs one step for p unless an ancestor failed, and files the outcome.
+func (r *commitRun) do(p string, step func(string, *meta) error) {
+	m := r.e.index[p]
+	if m == nil {
+		return
+	}
+	for dir, _ := splitPath(p); ; dir, _ = splitPath(dir) {
+		if r.failed[dir] {
+			r.failed[p] = true
+			r.res.Failed = append(r.res.Failed, Failure{Path: p, Reason: "a parent directory was not committed: " + dir})
+			return
+		}
+		if dir == "" {
+			break
+		}
+	}
+	err := step(p, m)
+	var ce *conflictError
+	switch {
+	case err == nil:
+		r.res.Committed = append(r.res.Committed, p)
+	case errors.As(err, &ce):
+		r.failed[p] = true
+		r.res.Conflicts = append(r.res.Conflicts, Conflict{Path: p, Reason: ce.Error(), Expected: ce.expected, Actual: ce.actual})
+	default:
+		r.failed[p] = true
+		r.res.Failed = append(r.res.Failed, Failure{Path: p, Reason: err.Error()})
+	}
+}
+
+// check compares the base at p with the baseline, unless forced.
+// alreadyDone reports whether the base already holds the staged result
+// (a commit that a crash interrupted, or the same change made by hand).
+func (r *commitRun) check(p string, b Baseline, alreadyDone func(*syscall.Stat_t) bool) (*syscall.Stat_t, bool, error) {
+	st, err := r.e.base.lstat(p)
+	if err != nil && !errors.Is(err, syscall.ENOENT) {
+		return nil, false, err
+	}
+	if err != nil {
+		st = nil
+	}
+	if alreadyDone != nil && alreadyDone(st) {
+		return st, true, nil
+	}
+	if r.force || b.matches(st) {
+		return st, false, nil
+	}
+	actual := "absent"
+	if st != nil {
+		actual = baselineOf(st).String()
+	}
+	return st, false, &conflictError{expected: b.String(), actual: actual}
+}
+
+func (r *commitRun) applyRedirect(p string, m *meta) error {
+	e := r.e
+	src := m.Redirect
+	sst, _ := e.base.lstat(src)
+	dst, _ := e.base.lstat(p)
+	if sst == nil && dst != nil && dst.Mode&syscall.S_IFMT == syscall.S_IFDIR && e.baseIno(dst) == m.Ino {
+		return r.finishRedirect(p, m, src) // renamed before a crash
+	}
+	if sst == nil || sst.Mode&syscall.S_IFMT != syscall.S_IFDIR || (e.baseIno(sst) != m.Ino && !r.force) {
+		return &conflictError{expected: fmt.Sprintf("directory %s (ino %d)", src, m.Ino), actual: "missing or replaced in the workspace"}
+	}
+	if _, _, err := r.check(p, m.Base, nil); err != nil {
+		return err
+	}
+	err := e.base.withParent(src, func(sdir int, sname string) error {
+		return e.base.withParent(p, func(ddir int, dname string) error {
+			return unix.Renameat(sdir, sname, ddir, dname)
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("rename %s to %s in the workspace: %w", src, p, err)
+	}
+	sd, _ := splitPath(src)
+	dd, _ := splitPath(p)
+	r.syncDir[sd], r.syncDir[dd] = true, true
+	return r.finishRedirect(p, m, src)
+}
+
+// finishRedirect updates the pending set after the base directory moved:
+// other redirects from inside it now come from its new place.
+func (r *commitRun) finishRedirect(p string, m *meta, src string) error {
+	e := r.e
+	for q, om := range e.index {
+		if om != m && om.Kind == KindDir && om.Redirect != "" && isUnder(om.Redirect, src) {
+			nm := *om
+			nm.Redirect = p + strings.TrimPrefix(om.Redirect, src)
+			if err := e.writeMeta(q, &nm); err != nil {
+				return err
+			}
+			*om = nm
+		}
+	}
+	nm := *m
+	nm.Redirect = ""
+	if st, err := e.base.lstat(p); err == nil {
+		nm.Base = baselineOf(st)
+	}
+	if err := e.writeMeta(p, &nm); err != nil {
+		return err
+	}
+	*m = nm
+	return nil
+}
+
+func (r *commitRun) applyDelete(p string, m *meta) error {
+	e := r.e
+	st, done, err := r.check(p, m.Base, func(st *syscall.Stat_t) bool { return st == nil })
+	if err != nil || done {
+		return err
+	}
+	if st == nil {
+		return nil
+	}
+	dir, _ := splitPath(p)
+	r.syncDir[dir] = true
+	return e.base.withParent(p, func(dirfd int, name string) error {
+		if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+			err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
+			if err == unix.ENOTEMPTY || err == unix.EEXIST {
+				return &conflictError{expected: "an empty directory (its staged deletions applied)", actual: "the workspace directory holds entries that were not staged for deletion"}
+			}
+			return err
+		}
+		return unix.Unlinkat(dirfd, name, 0)
+	})
+}
+
+// removeReplaced removes the base entry at p that a staged entry of
+// another type replaces (a file where a directory was, or the reverse).
+func (r *commitRun) removeReplaced(p string, st *syscall.Stat_t) error {
+	return r.e.base.withParent(p, func(dirfd int, name string) error {
+		if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+			err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
+			if err == unix.ENOTEMPTY || err == unix.EEXIST {
+				return &conflictError{expected: "an empty directory", actual: "the workspace directory is not empty"}
+			}
+			return err
+		}
+		return unix.Unlinkat(dirfd, name, 0)
+	})
+}
+
+func (r *commitRun) applyDir(p string, m *meta) error {
+	e := r.e
+	ust, err := e.upper.lstat(p)
+	if err != nil {
+		return err
+	}
+	st, done, err := r.check(p, m.Base, func(st *syscall.Stat_t) bool {
+		return st != nil && st.Mode&syscall.S_IFMT == syscall.S_IFDIR && !m.Base.Exists
+	})
+	if err != nil {
+		return err
+	}
+	if st != nil && st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		if err := r.removeReplaced(p, st); err != nil {
+			return err
+		}
+		st = nil
+	}
+	return e.base.withParent(p, func(dirfd int, name string) error {
+		if st == nil && !done {
+			if err := unix.Mkdirat(dirfd, name, ust.Mode&0o7777); err != nil {
+				return err
+			}
+			dir, _ := splitPath(p)
+			r.syncDir[dir] = true
+		}
+		if err := unix.Fchownat(dirfd, name, int(ust.Uid), int(ust.Gid), unix.AT_SYMLINK_NOFOLLOW); err != nil && err != unix.EPERM {
+			return err
+		}
+		return unix.Fchmodat(dirfd, name, ust.Mode&0o7777, 0)
+	})
+}
+
+func (r *commitRun) applyDirTimes(p string) {
+	e := r.e
+	ust, err := e.upper.lstat(p)
+	if err != nil {
+		return
+	}
+	e.base.withParent(p, func(dirfd int, name string) error {
+		ts := []unix.Timespec{unix.Timespec(ust.Atim), unix.Timespec(ust.Mtim)}
+		return unix.UtimesNanoAt(dirfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
+	})
+}
+
+func (r *commitRun) applyFile(p string, m *meta) error {
+	e := r.e
+	if e.writers[m.uino] > 0 {
+		return errors.New("busy: a process has the file open for writing; close it and commit again")
+	}
+	ust, err := e.upper.lstat(p)
+	if err != nil {
+		return err
+	}
+	st, done, err := r.check(p, m.Base, func(st *syscall.Stat_t) bool { return e.baseHolds(p, st, m, ust) })
+	if err != nil {
+		return err
+	}
+	if done {
+		r.linked[ust.Ino] = p
+		return nil
+	}
+	if st != nil && st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		if err := r.removeReplaced(p, st); err != nil {
+			return err
+		}
+	}
+	dir, _ := splitPath(p)
+	r.syncDir[dir] = true
+	tmp := ".stagefs-commit-" + e.tmpName()
+	err = e.base.withParent(p, func(dirfd int, name string) error {
+		if first, ok := r.linked[ust.Ino]; ok && ust.Nlink > 1 {
+			// Another name of a file committed already: keep them one
+			// file in the workspace too.
+			err := e.base.withParent(first, func(fdir int, fname string) error {
+				return unix.Linkat(fdir, fname, dirfd, tmp, 0)
+			})
+			if err != nil {
+				return err
+			}
+		} else if err := e.writeBaseEntry(p, m, ust, dirfd, tmp); err != nil {
+			unix.Unlinkat(dirfd, tmp, 0)
+			return err
+		}
+		if err := unix.Renameat(dirfd, tmp, dirfd, name); err != nil {
+			unix.Unlinkat(dirfd, tmp, 0)
+			return err
+		}
+		return nil
+	})
+	if err == nil {
+		r.linked[ust.Ino] = p
+	}
+	return err
+}
+
+// writeBaseEntry creates the staged entry p under a temporary name in the
+// workspace directory dirfd, durable, with the staged owner, mode and times.
+func (e *Engine) writeBaseEntry(p string, m *meta, ust *syscall.Stat_t, dirfd int, tmp string) error {
+	switch m.Kind {
+	case KindSymlink:
+		target, err := e.readUpperSymlink(p)
+		if err != nil {
+			return err
+		}
+		if err := unix.Symlinkat(target, dirfd, tmp); err != nil {
+			return err
+		}
+		unix.Fchownat(dirfd, tmp, int(ust.Uid), int(ust.Gid), unix.AT_SYMLINK_NOFOLLOW)
+		return nil
+	case KindSpecial:
+		if err := unix.Mknodat(dirfd, tmp, m.Mode, int(m.Rdev)); err != nil {
+			return err
+		}
+		unix.Fchownat(dirfd, tmp, int(ust.Uid), int(ust.Gid), unix.AT_SYMLINK_NOFOLLOW)
+		return nil
+	}
+	src, err := e.upper.open(p, unix.O_RDONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(src)
+	dst, err := openatRetry(dirfd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dst)
+	if err := copyFd(src, dst, ust.Size); err != nil {
+		return err
+	}
+	copyXattrs(e.upper, p, dst)
+	if err := unix.Fchown(dst, int(ust.Uid), int(ust.Gid)); err != nil && err != unix.EPERM {
+		return err
+	}
+	if err := unix.Fchmod(dst, ust.Mode&0o7777); err != nil {
+		return err
+	}
+	ts := []unix.Timespec{unix.Timespec(ust.Atim), unix.Timespec(ust.Mtim)}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, fdPath(dst), ts, 0); err != nil {
+		return err
+	}
+	return unix.Fsync(dst)
+}
+
+func (e *Engine) readUpperSymlink(p string) (string, error) {
+	fd, err := e.upper.open(p, unix.O_RDONLY, 0)
+	if err != nil {
+		return "", err
+	}
+	defer unix.Close(fd)
+	buf := make([]byte, unix.PathMax+1)
+	n, err := unix.Read(fd, buf)
+	if err != nil {
+		return "", err
+	}
+	return string(buf[:n]), nil
+}
+
+// baseHolds reports whether the base entry st at p already is the staged
+// entry (same type and content), so committing it again changes nothing.
+func (e *Engine) baseHolds(p string, st *syscall.Stat_t, m *meta, ust *syscall.Stat_t) bool {
+	if st == nil {
+		return false
+	}
+	switch m.Kind {
+	case KindSymlink:
+		if st.Mode&syscall.S_IFMT != syscall.S_IFLNK {
+			return false
+		}
+		a, err1 := e.base.readlink(p)
+		b, err2 := e.readUpperSymlink(p)
+		return err1 == nil && err2 == nil && a == b
+	case KindFile:
+		if !isRegular(st) || st.Size != ust.Size || st.Mode&0o7777 != ust.Mode&0o7777 || m.Base.matches(st) {
+			return false
+		}
+		return e.sameContent(p, p, st.Size)
+	}
+	return false
+}
+
+// sameContent compares the base file at bp with the upper file at up.
+func (e *Engine) sameContent(bp, up string, size int64) bool {
+	a, err := e.base.open(bp, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(a)
+	b, err := e.upper.open(up, unix.O_RDONLY, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(b)
+	ba, bb := make([]byte, 64<<10), make([]byte, 64<<10)
+	for off := int64(0); off < size; {
+		n1, err1 := unix.Pread(a, ba, off)
+		n2, err2 := unix.Pread(b, bb, off)
+		if err1 != nil || err2 != nil || n1 != n2 || n1 <= 0 || !bytes.Equal(ba[:n1], bb[:n2]) {
+			return false
+		}
+		off += int64(n1)
+	}
+	return true
+}
+
+// dropCommitted removes p's committed entry from the pending set. A
+// directory that still holds pending entries (not selected, or failed)
+// becomes a plain container whose baseline is the workspace's now.
+func (e *Engine) dropCommitted(p string) {
+	m := e.index[p]
+	if m == nil {
+		return
+	}
+	if m.Kind == KindDir && len(e.children[p]) > 0 {
+		nm := *m
+		nm.Container, nm.Deleted, nm.Opaque, nm.Redirect = true, false, false, ""
+		if st, err := e.base.lstat(p); err == nil {
+			nm.Base = baselineOf(st)
+			nm.Ino = e.baseIno(st)
+		}
+		if e.writeMeta(p, &nm) == nil {
+			*m = nm
+		}
+		return
+	}
+	if e.upper.withParent(p, func(dirfd int, name string) error { return removeAllAt(dirfd, name) }) != nil {
+		return
+	}
+	e.dropEntry(p)
+	e.pruneContainers(p)
+}
+
+// Discard drops the pending changes at or below paths (all when empty) and
+// returns the paths whose view changed.
+func (e *Engine) Discard(paths []string, c Caller) []string {
+	e.mu.Lock()
+	sel := e.selectLocked(paths, true)
+	// Deepest first, so a directory goes after its contents.
+	sort.SliceStable(sel, func(i, j int) bool { return depth(sel[i]) > depth(sel[j]) })
+	var done []string
+	for _, p := range sel {
+		if e.index[p] == nil {
+			done = append(done, p) // went with a discarded directory
+			continue
+		}
+		if err := e.upper.withParent(p, func(dirfd int, name string) error { return removeAllAt(dirfd, name) }); err != nil {
+			e.logf("discard %s: %v", p, err)
+			continue
+		}
+		e.dropEntry(p)
+		e.pruneContainers(p)
+		done = append(done, p)
+	}
+	e.mu.Unlock()
+	sort.Strings(done)
+	if len(done) > 0 {
+		b, _ := json.Marshal(done)
+		e.record(Record{Op: "discard", Pid: c.Pid, Detail: string(b)})
+		e.changed()
+	}
+	return done
+}
+
+// Recover finishes a commit that a crash interrupted: it reads the journal
+// tail given by the caller (the last commit_begin without a commit_end) and
+// commits those paths again. Steps already applied are recognized and
+// skipped, so this is idempotent.
+func (e *Engine) Recover(unfinished []string) CommitResult {
+	if len(unfinished) == 0 {
+		return CommitResult{}
+	}
+	e.record(Record{Op: "commit_recover", Detail: fmt.Sprintf("%d path(s)", len(unfinished)), Time: time.Now().UnixNano()})
+	return e.Commit(unfinished, false, Caller{})
+}
+
+// uniq drops adjacent duplicates from a sorted slice (a renamed directory
+// is committed by two steps: the rename and its attributes).
+func uniq(s []string) []string {
+	out := s[:0]
+	for i, v := range s {
+		if i == 0 || v != s[i-1] {
+			out = append(out, v)
+		}
+	}
+	return out
+}

@@ -1,0 +1,260 @@
+package overlay
+
+import (
+	"io"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// writeMeta stores m on the upper entry at p.
+func (e *Engine) writeMeta(p string, m *meta) error {
+	return e.upper.setxattr(p, metaXattr, m.encode(), 0)
+}
+
+// ensureUpperDir makes sure the directory p of the merged view has an upper
+// directory, creating containers (copies of the base directory's mode,
+// owner and times) for it and its ancestors.
+func (e *Engine) ensureUpperDir(p string) error {
+	if p == "" {
+		return nil
+	}
+	if m := e.index[p]; m != nil {
+		if m.Kind != KindDir || m.Deleted {
+			return syscall.ENOTDIR
+		}
+		return nil
+	}
+	dir, name := splitPath(p)
+	if err := e.ensureUpperDir(dir); err != nil {
+		return err
+	}
+	l, err := e.locate(p)
+	if err != nil {
+		return err
+	}
+	st := e.baseStat(l)
+	if st == nil {
+		return syscall.ENOENT
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		return syscall.ENOTDIR
+	}
+	m := &meta{Kind: KindDir, Container: true, Ino: e.baseIno(st), Base: baselineOf(st), Time: time.Now().UnixNano()}
+	err = e.upper.withParent(p, func(dirfd int, _ string) error {
+		if err := unix.Mkdirat(dirfd, name, st.Mode&0o7777); err != nil {
+			return err
+		}
+		fd, err := openatRetry(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		return e.finishUpper(fd, st, m)
+	})
+	if err != nil {
+		return err
+	}
+	e.setEntry(p, m)
+	return nil
+}
+
+// finishUpper gives a new upper entry (open as fd) the owner, mode, times
+// and meta it must have.
+func (e *Engine) finishUpper(fd int, st *syscall.Stat_t, m *meta) error {
+	if err := unix.Fchown(fd, int(st.Uid), int(st.Gid)); err != nil && err != unix.EPERM {
+		return err
+	}
+	// chown clears set-id bits, so the mode is set after it.
+	if err := unix.Fchmod(fd, st.Mode&0o7777); err != nil {
+		return err
+	}
+	if err := unix.Fsetxattr(fd, metaXattr, m.encode(), 0); err != nil {
+		return err
+	}
+	var ust unix.Stat_t
+	if err := unix.Fstat(fd, &ust); err != nil {
+		return err
+	}
+	m.uino = ust.Ino
+	ts := []unix.Timespec{unix.Timespec(st.Atim), unix.Timespec(st.Mtim)}
+	return unix.UtimesNanoAt(unix.AT_FDCWD, fdPath(fd), ts, 0)
+}
+
+// copyUp gives the non-directory p an upper copy of its base entry, unless
+// it already has one. With noData (open with O_TRUNC) the body is not
+// copied: it is about to be emptied anyway.
+func (e *Engine) copyUp(p string, l loc, noData bool) (*meta, error) {
+	if l.m != nil {
+		if l.deleted() {
+			return nil, syscall.ENOENT
+		}
+		if l.m.Kind == KindDir {
+			return l.m, nil
+		}
+		return l.m, nil
+	}
+	st := e.baseStat(l)
+	if st == nil {
+		return nil, syscall.ENOENT
+	}
+	if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		if err := e.ensureUpperDir(p); err != nil {
+			return nil, err
+		}
+		return e.index[p], nil
+	}
+	dir, name := splitPath(p)
+	if err := e.ensureUpperDir(dir); err != nil {
+		return nil, err
+	}
+	m := &meta{Ino: e.baseIno(st), Base: baselineOf(st), Time: time.Now().UnixNano()}
+	tmp := e.tmpName()
+	dst, err := unix.Openat(e.workFd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		unix.Close(dst)
+		if !ok {
+			unix.Unlinkat(e.workFd, tmp, 0)
+		}
+	}()
+	switch st.Mode & syscall.S_IFMT {
+	case syscall.S_IFREG:
+		m.Kind = KindFile
+		if !noData {
+			if err := e.copyBody(l.basePath, dst, st.Size); err != nil {
+				return nil, err
+			}
+			copyXattrs(e.base, l.basePath, dst)
+		}
+	case syscall.S_IFLNK:
+		m.Kind = KindSymlink
+		target, err := e.base.readlink(l.basePath)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := unix.Write(dst, []byte(target)); err != nil {
+			return nil, err
+		}
+	default:
+		m.Kind, m.Mode, m.Rdev = KindSpecial, st.Mode, st.Rdev
+	}
+	fst := *st
+	if m.Kind != KindFile {
+		fst.Mode = syscall.S_IFREG | 0o644
+	}
+	if err := e.finishUpper(dst, &fst, m); err != nil {
+		return nil, err
+	}
+	if err := e.upper.withParent(p, func(dirfd int, _ string) error {
+		return unix.Renameat2(e.workFd, tmp, dirfd, name, unix.RENAME_NOREPLACE)
+	}); err != nil {
+		return nil, err
+	}
+	ok = true
+	e.setEntry(p, m)
+	e.copyGen.Add(1)
+	return m, nil
+}
+
+// copyBody copies a base file's content into dst, with copy_file_range so
+// filesystems that can share extents (reflink) or copy in the kernel do.
+func (e *Engine) copyBody(basePath string, dst int, size int64) error {
+	src, err := e.base.open(basePath, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(src)
+	return copyFd(src, dst, size)
+}
+
+func copyFd(src, dst int, size int64) error {
+	var done int64
+	for done < size {
+		n, err := unix.CopyFileRange(src, nil, dst, nil, int(min(size-done, 1<<30)), 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EXDEV || err == unix.ENOSYS || err == unix.EOPNOTSUPP || err == unix.EINVAL {
+			return copyFdSlow(src, dst)
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			break // the file shrank while we copied
+		}
+		done += int64(n)
+	}
+	// The file may have grown since it was stat'ed: copy the rest.
+	return copyFdSlow(src, dst)
+}
+
+type fdReader int
+
+func (r fdReader) Read(b []byte) (int, error) {
+	n, err := unix.Read(int(r), b)
+	if err == nil && n == 0 {
+		return 0, io.EOF
+	}
+	if n < 0 {
+		n = 0
+	}
+	return n, err
+}
+
+type fdWriter int
+
+func (w fdWriter) Write(b []byte) (int, error) {
+	n, err := unix.Write(int(w), b)
+	if n < 0 {
+		n = 0
+	}
+	return n, err
+}
+
+func copyFdSlow(src, dst int) error {
+	_, err := io.CopyBuffer(fdWriter(dst), fdReader(src), make([]byte, 256<<10))
+	return err
+}
+
+// copyXattrs copies the base entry's xattrs (but stagefs's own) to fd.
+// Failures are ignored: some namespaces need privileges the daemon lacks,
+// and a missing xattr must not fail the write that caused the copy-up.
+func copyXattrs(l layer, rel string, fd int) {
+	buf := make([]byte, 64<<10)
+	n, err := l.listxattr(rel, buf)
+	if err != nil || n <= 0 {
+		return
+	}
+	val := make([]byte, 64<<10)
+	for _, name := range strings.Split(string(buf[:n]), "\x00") {
+		if name == "" || strings.HasPrefix(name, xattrPrefix) {
+			continue
+		}
+		vn, err := l.getxattr(rel, name, val)
+		if err != nil {
+			continue
+		}
+		unix.Fsetxattr(fd, name, val[:vn], 0)
+	}
+}
+
+func (l layer) readlink(rel string) (string, error) {
+	var target string
+	err := l.withParent(rel, func(dirfd int, name string) error {
+		buf := make([]byte, unix.PathMax)
+		n, err := unix.Readlinkat(dirfd, name, buf)
+		if err != nil {
+			return err
+		}
+		target = string(buf[:n])
+		return nil
+	})
+	return target, err
+}

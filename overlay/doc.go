@@ -1,0 +1,48 @@
+// Package overlay is stagefs's engine: the merged view of a workspace (the
+// base) and a pending set (the upper tree in the state dir), with copy-up,
+// whiteouts, directory renames recorded as redirects, commit, discard and
+// status. It knows nothing of FUSE: its API is os-like, path based
+// (workspace-relative, slash separated, "" is the root) and returns
+// syscall.Errno values that the FUSE layer passes to the kernel.
+//
+// # The upper tree
+//
+// STATE/upper mirrors the paths of the workspace that have pending changes.
+// It holds only regular files and directories, so every entry can carry the
+// user.stagefs.meta extended attribute (user xattrs are not allowed on
+// symlinks or device nodes):
+//
+//   - a regular file is a staged body; for kind symlink its content is the
+//     link target, for kind special (fifo, socket, device) it is empty and the
+//     meta holds the mode and rdev;
+//   - a whiteout is an empty regular file whose meta says kind whiteout: the
+//     path is deleted in the merged view;
+//   - a directory is either a container (it exists only to hold staged
+//     children; not a change itself), a new or changed directory, a deleted
+//     directory (kept so the whiteouts of its children survive until commit),
+//     an opaque directory (recreated after a delete: base contents hidden) or
+//     a redirected directory (renamed: its base contents come from another
+//     base path).
+//
+// Every change to the upper tree is made atomically: new entries are built
+// in STATE/work and renamed into place, so a crash leaves either the old or
+// the new entry, never half of one. The meta of each entry is also kept in
+// memory (the index), rebuilt at start-up by walking the upper tree, which
+// costs what is pending, never the size of the workspace.
+//
+// # Symlink safety
+//
+// The base and the upper tree are reached only through directory file
+// descriptors opened before the mount, with openat2(RESOLVE_BENEATH |
+// RESOLVE_NO_SYMLINKS) for directories and *at calls with AT_SYMLINK_NOFOLLOW
+// or O_NOFOLLOW on the last name, so no symlink in the workspace can lead a
+// commit, a copy-up or a read out of it.
+//
+// # Locking
+//
+// Engine.mu guards the index and serializes namespace changes (create,
+// unlink, rename, copy-up, commit, discard). Reads of the namespace (lookup,
+// getattr, readdir) take it shared. Data I/O on open files takes no engine
+// lock. Journal records are appended after the lock is released, but before
+// the operation returns.
+package overlay

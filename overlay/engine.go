@@ -1,0 +1,532 @@
+package overlay
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Mode says where writes go.
+type Mode string
+
+const (
+	// Staged: writes land in the pending set; the workspace changes only on
+	// commit.
+	Staged Mode = "staged"
+	// Immediate: writes go straight to the workspace.
+	Immediate Mode = "immediate"
+)
+
+// ParseMode accepts "staged" or "immediate".
+func ParseMode(s string) (Mode, error) {
+	switch Mode(s) {
+	case Staged, Immediate:
+		return Mode(s), nil
+	}
+	return "", fmt.Errorf("unknown mode %q (want staged or immediate)", s)
+}
+
+// Caller identifies the process behind an operation, for ownership of new
+// files and for the journal.
+type Caller struct {
+	Pid int
+	Uid uint32
+	Gid uint32
+}
+
+// Journal is the append-only log the engine records every operation in.
+// Append must make the record durable before it returns.
+type Journal interface {
+	Append(payload []byte) (uint64, error)
+}
+
+// Options configure an Engine.
+type Options struct {
+	Workspace string // absolute path of the workspace (the base)
+	StateDir  string // absolute path of the state dir; upper/ and work/ live here
+	Mode      Mode
+	Journal   Journal // nil: nothing is journaled (tests)
+	OnChange  func()  // called after the pending set changed; must not block
+	Logf      func(string, ...any)
+	// Hidden are workspace-relative paths that the merged view never shows
+	// and that cannot be created through it (a state dir inside the
+	// workspace).
+	Hidden []string
+}
+
+// Engine is the merged view of a workspace and its pending set.
+type Engine struct {
+	base     layer
+	upper    layer
+	workFd   int
+	rootDev  uint64
+	opts     Options
+	journal  Journal
+	onChange func()
+	logf     func(string, ...any)
+
+	// mu guards index, children and mode, and serializes namespace changes.
+	mu       sync.RWMutex
+	index    map[string]*meta           // upper entries by path
+	children map[string]map[string]bool // upper dir path -> names of its upper entries
+	mode     Mode
+	writers  map[uint64]int // upper inode -> open writable handles (commit refuses those files)
+
+	// copyGen counts copy-ups, so an open read-only handle on a base file
+	// can tell cheaply that it may have to move to the upper copy.
+	copyGen atomic.Uint64
+	tmpSeq  atomic.Uint64
+	comms   commCache
+}
+
+// New opens the workspace and the state dir and loads the pending set.
+func New(opts Options) (*Engine, error) {
+	if opts.Mode == "" {
+		opts.Mode = Staged
+	}
+	if !filepath.IsAbs(opts.Workspace) || !filepath.IsAbs(opts.StateDir) {
+		return nil, errors.New("overlay: workspace and state dir must be absolute paths")
+	}
+	e := &Engine{
+		opts:     opts,
+		journal:  opts.Journal,
+		onChange: opts.OnChange,
+		logf:     opts.Logf,
+		index:    map[string]*meta{},
+		children: map[string]map[string]bool{},
+		mode:     opts.Mode,
+		writers:  map[uint64]int{},
+		base:     layer{fd: -1},
+		upper:    layer{fd: -1},
+		workFd:   -1,
+	}
+	if e.logf == nil {
+		e.logf = func(string, ...any) {}
+	}
+	var err error
+	if e.base.fd, err = unix.Open(opts.Workspace, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		return nil, fmt.Errorf("open workspace %s: %w", opts.Workspace, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(e.base.fd, &st); err != nil {
+		e.Close()
+		return nil, err
+	}
+	e.rootDev = st.Dev
+	for _, d := range []string{"upper", "work"} {
+		if err := os.MkdirAll(filepath.Join(opts.StateDir, d), 0o700); err != nil {
+			e.Close()
+			return nil, err
+		}
+	}
+	if e.upper.fd, err = unix.Open(filepath.Join(opts.StateDir, "upper"), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		e.Close()
+		return nil, err
+	}
+	if err := e.cleanWork(); err != nil {
+		e.Close()
+		return nil, err
+	}
+	if e.workFd, err = unix.Open(filepath.Join(opts.StateDir, "work"), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		e.Close()
+		return nil, err
+	}
+	if err := e.checkXattrs(); err != nil {
+		e.Close()
+		return nil, err
+	}
+	if err := e.loadIndex(""); err != nil {
+		e.Close()
+		return nil, fmt.Errorf("load pending set from %s: %w", filepath.Join(opts.StateDir, "upper"), err)
+	}
+	return e, nil
+}
+
+// Close releases the engine's directory descriptors.
+func (e *Engine) Close() error {
+	for _, fd := range []*int{&e.base.fd, &e.upper.fd, &e.workFd} {
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
+	}
+	return nil
+}
+
+// Mode returns the current mode.
+func (e *Engine) Mode() Mode {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.mode
+}
+
+// SetMode switches between staged and immediate. Switching to immediate
+// while changes are pending is refused: they would be hidden by writes that
+// go around them.
+func (e *Engine) SetMode(m Mode) (Mode, error) {
+	e.mu.Lock()
+	prev := e.mode
+	if m == Immediate && prev != Immediate {
+		if n := e.pendingCountLocked(); n > 0 {
+			e.mu.Unlock()
+			return prev, &StateError{fmt.Sprintf("%d pending change(s): commit or discard them before switching to immediate mode", n)}
+		}
+	}
+	e.mode = m
+	e.mu.Unlock()
+	e.record(Record{Op: "set_mode", Detail: string(prev) + " -> " + string(m)})
+	return prev, nil
+}
+
+// StateError is an operation refused because of the engine's state.
+type StateError struct{ Msg string }
+
+func (e *StateError) Error() string { return e.Msg }
+
+func (e *Engine) pendingCountLocked() int {
+	n := 0
+	for _, m := range e.index {
+		if m.isChange() {
+			n++
+		}
+	}
+	return n
+}
+
+// cleanWork removes leftovers of operations a crash interrupted: nothing in
+// work/ is ever part of the pending set.
+func (e *Engine) cleanWork() error {
+	work := filepath.Join(e.opts.StateDir, "work")
+	ents, err := os.ReadDir(work)
+	if err != nil {
+		return err
+	}
+	for _, ent := range ents {
+		if err := os.RemoveAll(filepath.Join(work, ent.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkXattrs fails early, with a clear message, on a state dir whose
+// filesystem cannot hold user xattrs.
+func (e *Engine) checkXattrs() error {
+	name := e.tmpName()
+	fd, err := unix.Openat(e.workFd, name, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("state dir %s is not writable: %w", e.opts.StateDir, err)
+	}
+	defer unix.Close(fd)
+	defer unix.Unlinkat(e.workFd, name, 0)
+	if err := unix.Fsetxattr(fd, metaXattr, []byte("{}"), 0); err != nil {
+		return fmt.Errorf("the state dir's filesystem (%s) does not support user extended attributes (%v): put the state dir on ext4, xfs, btrfs or tmpfs with --state", e.opts.StateDir, err)
+	}
+	return nil
+}
+
+func (e *Engine) tmpName() string {
+	return fmt.Sprintf("t%d.%d", os.Getpid(), e.tmpSeq.Add(1))
+}
+
+// loadIndex walks the upper tree below dir and fills the index.
+func (e *Engine) loadIndex(dir string) error {
+	fd, err := e.upper.openDirRead(dir)
+	if err != nil {
+		return err
+	}
+	ents, err := readDirents(fd)
+	unix.Close(fd)
+	if err != nil {
+		return err
+	}
+	for _, d := range ents {
+		p := joinPath(dir, d.Name)
+		st, err := e.upper.lstat(p)
+		if err != nil {
+			return err
+		}
+		m, err := e.readMeta(p, st)
+		if err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		e.setEntry(p, m)
+		if m.Kind == KindDir {
+			if err := e.loadIndex(p); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// readMeta reads an upper entry's meta. An entry without one was created
+// just before a crash, before its meta was written: a directory is taken as
+// a container, a file as a new file whose baseline is the base's now.
+func (e *Engine) readMeta(p string, st *syscall.Stat_t) (*meta, error) {
+	buf := make([]byte, 4096)
+	n, err := e.upper.getxattr(p, metaXattr, buf)
+	if err == nil {
+		m, err := decodeMeta(buf[:n])
+		if err != nil {
+			return nil, err
+		}
+		m.uino = st.Ino
+		return &m, nil
+	}
+	if err != unix.ENODATA {
+		return nil, err
+	}
+	m := &meta{uino: st.Ino, Time: time.Now().UnixNano()}
+	if bst, err := e.base.lstat(p); err == nil {
+		m.Base = baselineOf(bst)
+		m.Ino = e.baseIno(bst)
+	}
+	switch st.Mode & syscall.S_IFMT {
+	case syscall.S_IFDIR:
+		m.Kind, m.Container = KindDir, true
+	case syscall.S_IFREG:
+		m.Kind = KindFile
+	default:
+		return nil, fmt.Errorf("unexpected file type %o in the upper tree", st.Mode&syscall.S_IFMT)
+	}
+	e.logf("overlay: %s had no meta (interrupted operation); taken as %s", p, m.Kind)
+	return m, nil
+}
+
+// setEntry puts m at p in the index.
+func (e *Engine) setEntry(p string, m *meta) {
+	e.index[p] = m
+	dir, name := splitPath(p)
+	c := e.children[dir]
+	if c == nil {
+		c = map[string]bool{}
+		e.children[dir] = c
+	}
+	c[name] = true
+}
+
+// dropEntry removes p (and everything the index holds below it).
+func (e *Engine) dropEntry(p string) {
+	if m := e.index[p]; m != nil && m.Kind == KindDir {
+		for name := range e.children[p] {
+			e.dropEntry(joinPath(p, name))
+		}
+		delete(e.children, p)
+	}
+	delete(e.index, p)
+	dir, name := splitPath(p)
+	if c := e.children[dir]; c != nil {
+		delete(c, name)
+		if len(c) == 0 {
+			delete(e.children, dir)
+		}
+	}
+}
+
+// moveEntries renames p and everything below it in the index to q.
+func (e *Engine) moveEntries(p, q string) {
+	type kv struct {
+		k string
+		m *meta
+	}
+	var moved []kv
+	var walk func(string)
+	walk = func(x string) {
+		m := e.index[x]
+		if m == nil {
+			return
+		}
+		moved = append(moved, kv{x, m})
+		if m.Kind == KindDir {
+			for name := range e.children[x] {
+				walk(joinPath(x, name))
+			}
+		}
+	}
+	walk(p)
+	e.dropEntry(p)
+	for _, x := range moved {
+		e.setEntry(q+strings.TrimPrefix(x.k, p), x.m)
+	}
+}
+
+// baseIno is the inode number shown for a base entry. Entries on other
+// filesystems mounted inside the workspace get their device mixed in, so
+// numbers stay unique.
+func (e *Engine) baseIno(st *syscall.Stat_t) uint64 {
+	if st.Dev == e.rootDev {
+		return st.Ino
+	}
+	return st.Ino ^ (st.Dev << 40)
+}
+
+// upperInoBit marks inode numbers of entries that exist only in the pending
+// set, so they never collide with a workspace inode.
+const upperInoBit = 1 << 62
+
+func (m *meta) shownIno() uint64 {
+	if m.Ino != 0 {
+		return m.Ino
+	}
+	return m.uino | upperInoBit
+}
+
+// loc is where a path of the merged view lives.
+type loc struct {
+	m        *meta  // upper entry at the path; nil when none
+	basePath string // the path's counterpart in the base (differs under a renamed dir)
+	hasBase  bool   // whether the base is consulted for the path at all
+}
+
+// visible reports whether the upper entry hides the path (deleted).
+func (l loc) deleted() bool {
+	return l.m != nil && (l.m.Kind == KindWhiteout || l.m.Deleted)
+}
+
+// locate finds p's layers. It fails with ENOENT or ENOTDIR when an ancestor
+// does not exist or is not a directory in the upper tree; ancestors that
+// live only in the base are checked by the *at calls that follow.
+func (e *Engine) locate(p string) (loc, error) {
+	if e.isHidden(p) {
+		return loc{}, syscall.ENOENT
+	}
+	if e.mode == Immediate {
+		return loc{basePath: p, hasBase: true}, nil
+	}
+	l := loc{hasBase: true}
+	cur, basePath, rest := "", "", p
+	for rest != "" {
+		name := rest
+		if i := strings.IndexByte(rest, '/'); i >= 0 {
+			name, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = ""
+		}
+		cur = joinPath(cur, name)
+		basePath = joinPath(basePath, name)
+		m := e.index[cur]
+		if rest == "" {
+			l.m = m
+			break
+		}
+		if m == nil {
+			if !l.hasBase {
+				return loc{}, syscall.ENOENT
+			}
+			continue
+		}
+		if m.Kind == KindWhiteout || m.Deleted {
+			return loc{}, syscall.ENOENT
+		}
+		if m.Kind != KindDir {
+			return loc{}, syscall.ENOTDIR
+		}
+		if m.Opaque {
+			l.hasBase = false
+		}
+		if m.Redirect != "" {
+			basePath, l.hasBase = m.Redirect, true
+		}
+	}
+	l.basePath = basePath
+	return l, nil
+}
+
+// isHidden reports whether p is, or is below, a hidden path.
+func (e *Engine) isHidden(p string) bool {
+	for _, h := range e.opts.Hidden {
+		if p != "" && isUnder(p, h) {
+			return true
+		}
+	}
+	return false
+}
+
+// statLoc returns the merged view's attributes of p.
+func (e *Engine) statLoc(p string, l loc) (*syscall.Stat_t, error) {
+	if l.m != nil {
+		if l.deleted() {
+			return nil, syscall.ENOENT
+		}
+		st, err := e.upper.lstat(p)
+		if err != nil {
+			return nil, err
+		}
+		decorate(st, l.m)
+		return st, nil
+	}
+	if !l.hasBase {
+		return nil, syscall.ENOENT
+	}
+	st, err := e.base.lstat(l.basePath)
+	if err != nil {
+		return nil, err
+	}
+	st.Ino = e.baseIno(st)
+	return st, nil
+}
+
+// decorate turns an upper file's attributes into those of the entry it
+// stands for.
+func decorate(st *syscall.Stat_t, m *meta) {
+	st.Ino = m.shownIno()
+	switch m.Kind {
+	case KindSymlink:
+		st.Mode = syscall.S_IFLNK | 0o777
+	case KindSpecial:
+		st.Mode = m.Mode
+		st.Rdev = m.Rdev
+		st.Size = 0
+	}
+}
+
+// baseStat returns the base's entry behind a loc, nil when there is none.
+func (e *Engine) baseStat(l loc) *syscall.Stat_t {
+	if !l.hasBase {
+		return nil
+	}
+	st, err := e.base.lstat(l.basePath)
+	if err != nil {
+		return nil
+	}
+	return st
+}
+
+// Stat returns the attributes of p in the merged view.
+func (e *Engine) Stat(p string) (*syscall.Stat_t, error) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	l, err := e.locate(p)
+	if err != nil {
+		return nil, err
+	}
+	return e.statLoc(p, l)
+}
+
+// IsStaged reports whether p has an upper entry (for handles that must move
+// to the upper copy after a copy-up).
+func (e *Engine) IsStaged(p string) bool {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	m := e.index[p]
+	return m != nil && m.Kind != KindWhiteout && !m.Deleted
+}
+
+// CopyGeneration changes whenever a copy-up happened anywhere.
+func (e *Engine) CopyGeneration() uint64 { return e.copyGen.Load() }
+
+// Statfs reports the workspace filesystem's statistics.
+func (e *Engine) Statfs() (*syscall.Statfs_t, error) {
+	var st syscall.Statfs_t
+	err := syscall.Fstatfs(e.base.fd, &st)
+	return &st, err
+}

@@ -1,0 +1,132 @@
+package overlay
+
+import (
+	"encoding/json"
+	"fmt"
+	"syscall"
+	"time"
+)
+
+// metaXattr is the xattr on every upper entry that is more than a plain
+// container. Names under xattrPrefix are stagefs's own: hidden from
+// listxattr and refused to setxattr through the mount.
+const (
+	metaXattr   = "user.stagefs.meta"
+	xattrPrefix = "user.stagefs."
+)
+
+// Kind is what an upper entry stands for in the merged view.
+type Kind uint8
+
+const (
+	KindFile Kind = iota + 1
+	KindDir
+	KindSymlink
+	KindSpecial
+	KindWhiteout
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindFile:
+		return "file"
+	case KindDir:
+		return "dir"
+	case KindSymlink:
+		return "symlink"
+	case KindSpecial:
+		return "special"
+	case KindWhiteout:
+		return "whiteout"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// Baseline is what the base held at a path when the path was first staged.
+// Commit compares it with the base's state then: a difference means someone
+// changed the workspace meanwhile, which is a conflict.
+type Baseline struct {
+	Exists bool   `json:"e,omitempty"`
+	Mode   uint32 `json:"m,omitempty"` // file type and permission bits
+	Ino    uint64 `json:"i,omitempty"`
+	Size   int64  `json:"s,omitempty"`
+	Mtime  int64  `json:"t,omitempty"` // ns
+	Ctime  int64  `json:"c,omitempty"` // ns
+}
+
+func baselineOf(st *syscall.Stat_t) Baseline {
+	return Baseline{
+		Exists: true,
+		Mode:   st.Mode,
+		Ino:    st.Ino,
+		Size:   st.Size,
+		Mtime:  st.Mtim.Nano(),
+		Ctime:  st.Ctim.Nano(),
+	}
+}
+
+// matches reports whether the base's current state (nil: absent) is still
+// the baseline. Directories compare identity only, because their times change
+// whenever an entry inside them changes.
+func (b Baseline) matches(st *syscall.Stat_t) bool {
+	if st == nil || !b.Exists {
+		return st == nil && !b.Exists
+	}
+	if st.Mode&syscall.S_IFMT != b.Mode&syscall.S_IFMT || st.Ino != b.Ino {
+		return false
+	}
+	if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		return true
+	}
+	return st.Size == b.Size && st.Mtim.Nano() == b.Mtime && st.Ctim.Nano() == b.Ctime
+}
+
+func (b Baseline) String() string {
+	if !b.Exists {
+		return "absent"
+	}
+	return fmt.Sprintf("ino %d size %d mtime %s", b.Ino, b.Size, time.Unix(0, b.Mtime).UTC().Format(time.RFC3339Nano))
+}
+
+// meta is the persistent description of one upper entry.
+type meta struct {
+	Kind      Kind     `json:"k"`
+	Container bool     `json:"ct,omitempty"` // dir present only to hold staged children
+	Deleted   bool     `json:"del,omitempty"`
+	Opaque    bool     `json:"op,omitempty"`
+	Redirect  string   `json:"rd,omitempty"` // dir renamed from this base path
+	Mode      uint32   `json:"md,omitempty"` // special files: full mode
+	Rdev      uint64   `json:"rdev,omitempty"`
+	Ino       uint64   `json:"ino,omitempty"` // inode number shown (the base origin's), 0: upper's own
+	Base      Baseline `json:"b"`
+	Pid       int      `json:"pid,omitempty"`
+	Comm      string   `json:"comm,omitempty"`
+	Time      int64    `json:"tm,omitempty"` // first staging, unix ns
+
+	uino uint64 // the upper entry's own inode number (not persisted)
+}
+
+func decodeMeta(b []byte) (meta, error) {
+	var m meta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return meta{}, fmt.Errorf("bad %s: %w", metaXattr, err)
+	}
+	if m.Kind < KindFile || m.Kind > KindWhiteout {
+		return meta{}, fmt.Errorf("bad %s: unknown kind %d", metaXattr, m.Kind)
+	}
+	return m, nil
+}
+
+func (m *meta) encode() []byte {
+	b, err := json.Marshal(m)
+	if err != nil {
+		panic(err) // plain struct of numbers and strings: cannot fail
+	}
+	return b
+}
+
+// isChange reports whether the entry is itself a pending change (shown by
+// status and applied by commit), rather than a container for changes below.
+func (m *meta) isChange() bool {
+	return !(m.Kind == KindDir && m.Container && !m.Deleted && !m.Opaque && m.Redirect == "")
+}

@@ -1,0 +1,1264 @@
+package overlay
+
+import (
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// File is an open file of the merged view. Fd refers to a pending body
+// (Upper) or, for reads of unchanged files and in immediate mode, to the
+// workspace file itself.
+type File struct {
+	Fd       int
+	Upper    bool
+	Writable bool
+	Gen      uint64 // CopyGeneration when opened
+	uino     uint64 // upper inode of a writable staged handle (0: none)
+}
+
+// trackWriter counts f as an open writer of its pending body.
+func (e *Engine) trackWriter(f *File) {
+	var st unix.Stat_t
+	if f.Upper && f.Writable && unix.Fstat(f.Fd, &st) == nil {
+		f.uino = st.Ino
+		e.writers[st.Ino]++
+	}
+}
+
+const writeFlags = unix.O_WRONLY | unix.O_RDWR | unix.O_TRUNC
+
+func wantsWrite(flags int) bool { return flags&writeFlags != 0 }
+
+// openFlags are the flags the daemon passes on for an open by a client: the
+// creation flags were handled already, and the daemon never blocks on a FIFO
+// or follows a final symlink.
+func openFlags(flags int) int {
+	return flags&^(unix.O_CREAT|unix.O_EXCL|unix.O_NOCTTY) | unix.O_NOFOLLOW | unix.O_CLOEXEC
+}
+
+// Open opens p. Opening for writing (or with O_TRUNC) copies the file up
+// first, so the write lands in the pending set.
+func (e *Engine) Open(p string, flags int, c Caller) (*File, error) {
+	write := wantsWrite(flags)
+	if !write {
+		e.mu.RLock()
+		l, err := e.locate(p)
+		if err == nil && l.deleted() {
+			err = syscall.ENOENT
+		}
+		var f *File
+		if err == nil {
+			f = &File{Gen: e.copyGen.Load()}
+			if l.m != nil {
+				f.Upper = true
+				f.Fd, err = e.upper.open(p, openFlags(flags), 0)
+			} else if l.hasBase {
+				f.Fd, err = e.base.open(l.basePath, openFlags(flags), 0)
+			} else {
+				err = syscall.ENOENT
+			}
+		}
+		e.mu.RUnlock()
+		return f, err
+	}
+	e.mu.Lock()
+	f, err := e.openWriteLocked(p, flags)
+	e.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	op := "open_write"
+	if flags&unix.O_TRUNC != 0 {
+		op = "open_trunc"
+	}
+	e.recordOp(c, op, p, "", 0)
+	return f, nil
+}
+
+func (e *Engine) openWriteLocked(p string, flags int) (*File, error) {
+	l, err := e.locate(p)
+	if err != nil {
+		return nil, err
+	}
+	f := &File{Upper: true, Writable: true}
+	if e.mode == Immediate {
+		f.Upper = false
+		f.Fd, err = e.base.open(p, openFlags(flags), 0)
+		return f, err
+	}
+	if _, err := e.copyUp(p, l, flags&unix.O_TRUNC != 0); err != nil {
+		return nil, err
+	}
+	if f.Fd, err = e.upper.open(p, openFlags(flags), 0); err != nil {
+		return nil, err
+	}
+	f.Gen = e.copyGen.Load()
+	e.trackWriter(f)
+	return f, nil
+}
+
+// Release journals the close of a file opened for writing, with its size.
+func (e *Engine) Release(p string, f *File, c Caller) {
+	if f.Writable {
+		var st unix.Stat_t
+		var size int64
+		if unix.Fstat(f.Fd, &st) == nil {
+			size = st.Size
+		}
+		e.record(Record{Op: "close_write", Path: p, Pid: c.Pid, Size: size})
+		e.changed()
+	}
+	if f.uino != 0 {
+		e.mu.Lock()
+		if e.writers[f.uino]--; e.writers[f.uino] <= 0 {
+			delete(e.writers, f.uino)
+		}
+		e.mu.Unlock()
+	}
+	unix.Close(f.Fd)
+}
+
+// parentIsDir checks that p's parent exists in the merged view as a
+// directory.
+func (e *Engine) parentIsDir(p string) error {
+	dir, _ := splitPath(p)
+	l, err := e.locate(dir)
+	if err != nil {
+		return err
+	}
+	st, err := e.statLoc(dir, l)
+	if err != nil {
+		return err
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		return syscall.ENOTDIR
+	}
+	return nil
+}
+
+// prepareNew checks that p can be created (parent is a directory, p does
+// not exist), makes the parent's upper directory, and returns the meta a new
+// entry at p starts with: its baseline is what the base has at p, carried
+// over from a whiteout that p replaces.
+func (e *Engine) prepareNew(p string, kind Kind, c Caller) (loc, *meta, error) {
+	if e.isHidden(p) {
+		return loc{}, nil, syscall.EACCES
+	}
+	if err := e.parentIsDir(p); err != nil {
+		return loc{}, nil, err
+	}
+	l, err := e.locate(p)
+	if err != nil {
+		return loc{}, nil, err
+	}
+	if _, err := e.statLoc(p, l); err == nil {
+		return loc{}, nil, syscall.EEXIST
+	}
+	dir, _ := splitPath(p)
+	if err := e.ensureUpperDir(dir); err != nil {
+		return loc{}, nil, err
+	}
+	m := &meta{Kind: kind, Pid: c.Pid, Time: time.Now().UnixNano()}
+	if l.m != nil {
+		m.Base = l.m.Base
+	} else if st := e.baseStat(l); st != nil {
+		m.Base = baselineOf(st)
+	}
+	return l, m, nil
+}
+
+// placeNew puts a new upper entry at p: created directly when nothing is
+// in the way (the common case: one create, no rename), or built in work/
+// and renamed over the whiteout or deleted directory it replaces.
+// build creates the entry at (dirfd, name) and returns an fd on it.
+func (e *Engine) placeNew(p string, l loc, m *meta, build func(dirfd int, name string) (int, error)) (int, error) {
+	var fd int
+	if l.m == nil {
+		err := e.upper.withParent(p, func(dirfd int, name string) error {
+			var err error
+			fd, err = build(dirfd, name)
+			return err
+		})
+		if err != nil {
+			return -1, err
+		}
+		if err := e.finishNew(fd, m); err != nil {
+			unix.Close(fd)
+			e.upper.withParent(p, func(dirfd int, name string) error { return removeAt(dirfd, name) })
+			return -1, err
+		}
+		e.setEntry(p, m)
+		return fd, nil
+	}
+	tmp := e.tmpName()
+	fd, err := build(e.workFd, tmp)
+	if err != nil {
+		return -1, err
+	}
+	if err := e.finishNew(fd, m); err != nil {
+		unix.Close(fd)
+		removeAt(e.workFd, tmp)
+		return -1, err
+	}
+	if l.m.Kind == KindDir {
+		// A deleted directory (holding whiteouts) is replaced by a file:
+		// the base directory's children must still go at commit, so the
+		// old upper directory is removed only when nothing in the base
+		// needs it. Keep it simple: move it aside is not possible, so a
+		// file may not replace a deleted directory that has base content.
+		if e.hasWhiteoutsBelow(p) {
+			unix.Close(fd)
+			removeAt(e.workFd, tmp)
+			return -1, syscall.EEXIST
+		}
+		e.upper.withParent(p, func(dirfd int, name string) error { return removeAllAt(dirfd, name) })
+	}
+	err = e.upper.withParent(p, func(dirfd int, name string) error {
+		return unix.Renameat(e.workFd, tmp, dirfd, name)
+	})
+	if err != nil {
+		unix.Close(fd)
+		removeAt(e.workFd, tmp)
+		return -1, err
+	}
+	e.dropEntry(p)
+	e.setEntry(p, m)
+	return fd, nil
+}
+
+func (e *Engine) finishNew(fd int, m *meta) error {
+	if err := unix.Fsetxattr(fd, metaXattr, m.encode(), 0); err != nil {
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	m.uino = st.Ino
+	return nil
+}
+
+func (e *Engine) hasWhiteoutsBelow(p string) bool {
+	for name := range e.children[p] {
+		q := joinPath(p, name)
+		m := e.index[q]
+		if m.Kind == KindWhiteout || m.Deleted || m.Redirect != "" || (m.Kind == KindDir && e.hasWhiteoutsBelow(q)) {
+			return true
+		}
+	}
+	return false
+}
+
+func chownFd(fd int, c Caller) {
+	if c.Uid != 0 || c.Gid != 0 {
+		unix.Fchown(fd, int(c.Uid), int(c.Gid))
+	}
+}
+
+// Create creates and opens the regular file p (open with O_CREAT).
+func (e *Engine) Create(p string, flags int, mode uint32, c Caller) (*File, *syscall.Stat_t, error) {
+	e.mu.Lock()
+	f, st, created, err := e.createLocked(p, flags, mode, c)
+	e.mu.Unlock()
+	if err != nil {
+		return nil, nil, err
+	}
+	op := "open_write"
+	if created {
+		op = "create"
+	}
+	e.recordOp(c, op, p, "", 0)
+	return f, st, nil
+}
+
+func (e *Engine) createLocked(p string, flags int, mode uint32, c Caller) (*File, *syscall.Stat_t, bool, error) {
+	if e.mode == Immediate {
+		fd, err := e.base.open(p, flags|unix.O_CREAT, mode&0o7777)
+		if err != nil {
+			return nil, nil, false, err
+		}
+		chownFd(fd, c)
+		st, err := e.fstatShown(fd, nil)
+		return &File{Fd: fd, Writable: wantsWrite(flags)}, st, true, err
+	}
+	l, m, err := e.prepareNew(p, KindFile, c)
+	if err == syscall.EEXIST {
+		if flags&unix.O_EXCL != 0 {
+			return nil, nil, false, err
+		}
+		f, err := e.openWriteLocked(p, flags)
+		if err != nil {
+			return nil, nil, false, err
+		}
+		st, err := e.fstatShown(f.Fd, e.index[p])
+		return f, st, false, err
+	}
+	if err != nil {
+		return nil, nil, false, err
+	}
+	fd, err := e.placeNew(p, l, m, func(dirfd int, name string) (int, error) {
+		fd, err := openatRetry(dirfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, mode&0o7777)
+		if err == nil {
+			chownFd(fd, c)
+		}
+		return fd, err
+	})
+	if err != nil {
+		return nil, nil, false, err
+	}
+	unix.Close(fd)
+	f := &File{Upper: true, Writable: true, Gen: e.copyGen.Load()}
+	if f.Fd, err = e.upper.open(p, openFlags(flags)&^unix.O_TRUNC, 0); err != nil {
+		return nil, nil, false, err
+	}
+	e.trackWriter(f)
+	st, err := e.fstatShown(f.Fd, m)
+	return f, st, true, err
+}
+
+// fstatShown stats an open file and decorates it as the merged view shows it.
+func (e *Engine) fstatShown(fd int, m *meta) (*syscall.Stat_t, error) {
+	var ust unix.Stat_t
+	if err := unix.Fstat(fd, &ust); err != nil {
+		return nil, err
+	}
+	st := toSyscallStat(&ust)
+	if m != nil {
+		decorate(st, m)
+	} else {
+		st.Ino = e.baseIno(st)
+	}
+	return st, nil
+}
+
+// Mkdir creates the directory p.
+func (e *Engine) Mkdir(p string, mode uint32, c Caller) (*syscall.Stat_t, error) {
+	e.mu.Lock()
+	st, err := e.mkdirLocked(p, mode, c)
+	e.mu.Unlock()
+	if err == nil {
+		e.recordOp(c, "mkdir", p, "", 0)
+	}
+	return st, err
+}
+
+func (e *Engine) mkdirLocked(p string, mode uint32, c Caller) (*syscall.Stat_t, error) {
+	if e.mode == Immediate {
+		err := e.base.withParent(p, func(dirfd int, name string) error {
+			if err := unix.Mkdirat(dirfd, name, mode&0o7777); err != nil {
+				return err
+			}
+			if c.Uid != 0 || c.Gid != 0 {
+				unix.Fchownat(dirfd, name, int(c.Uid), int(c.Gid), unix.AT_SYMLINK_NOFOLLOW)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		return e.statLoc(p, loc{basePath: p, hasBase: true})
+	}
+	l, m, err := e.prepareNew(p, KindDir, c)
+	if err != nil {
+		return nil, err
+	}
+	if l.m != nil && l.m.Kind == KindDir && l.m.Deleted {
+		// Recreating a deleted directory: keep its whiteouts (commit
+		// still has to remove the base's children) and hide the base.
+		old := l.m
+		nm := *old
+		nm.Deleted, nm.Opaque, nm.Container, nm.Pid, nm.Time = false, true, false, c.Pid, m.Time
+		if err := e.writeMeta(p, &nm); err != nil {
+			return nil, err
+		}
+		if err := e.upper.withParent(p, func(dirfd int, name string) error {
+			if err := unix.Fchmodat(dirfd, name, mode&0o7777, 0); err != nil {
+				return err
+			}
+			return unix.Fchownat(dirfd, name, int(c.Uid), int(c.Gid), unix.AT_SYMLINK_NOFOLLOW)
+		}); err != nil {
+			return nil, err
+		}
+		*old = nm
+		return e.statLoc(p, loc{m: old})
+	}
+	// Anything the base has at p is hidden by the new directory.
+	m.Opaque = m.Base.Exists || !l.hasBase
+	fd, err := e.placeNew(p, l, m, func(dirfd int, name string) (int, error) {
+		if err := unix.Mkdirat(dirfd, name, mode&0o7777); err != nil {
+			return -1, err
+		}
+		fd, err := openatRetry(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err == nil {
+			chownFd(fd, c)
+		}
+		return fd, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	return e.fstatShown(fd, m)
+}
+
+// Symlink creates the symlink p pointing to target.
+func (e *Engine) Symlink(target, p string, c Caller) (*syscall.Stat_t, error) {
+	e.mu.Lock()
+	st, err := e.symlinkLocked(target, p, c)
+	e.mu.Unlock()
+	if err == nil {
+		e.record(Record{Op: "symlink", Path: p, Pid: c.Pid, Detail: target})
+		e.changed()
+	}
+	return st, err
+}
+
+func (e *Engine) symlinkLocked(target, p string, c Caller) (*syscall.Stat_t, error) {
+	if e.mode == Immediate {
+		err := e.base.withParent(p, func(dirfd int, name string) error {
+			if err := unix.Symlinkat(target, dirfd, name); err != nil {
+				return err
+			}
+			if c.Uid != 0 || c.Gid != 0 {
+				unix.Fchownat(dirfd, name, int(c.Uid), int(c.Gid), unix.AT_SYMLINK_NOFOLLOW)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		return e.statLoc(p, loc{basePath: p, hasBase: true})
+	}
+	l, m, err := e.prepareNew(p, KindSymlink, c)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := e.placeNew(p, l, m, func(dirfd int, name string) (int, error) {
+		fd, err := openatRetry(dirfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0o644)
+		if err != nil {
+			return -1, err
+		}
+		if _, err := unix.Write(fd, []byte(target)); err != nil {
+			unix.Close(fd)
+			return -1, err
+		}
+		chownFd(fd, c)
+		return fd, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	return e.fstatShown(fd, m)
+}
+
+// Mknod creates a FIFO, socket or device node (regular files go to Create).
+func (e *Engine) Mknod(p string, mode uint32, rdev uint64, c Caller) (*syscall.Stat_t, error) {
+	e.mu.Lock()
+	st, err := e.mknodLocked(p, mode, rdev, c)
+	e.mu.Unlock()
+	if err == nil {
+		e.recordOp(c, "mknod", p, "", 0)
+	}
+	return st, err
+}
+
+func (e *Engine) mknodLocked(p string, mode uint32, rdev uint64, c Caller) (*syscall.Stat_t, error) {
+	if e.mode == Immediate {
+		err := e.base.withParent(p, func(dirfd int, name string) error {
+			if err := unix.Mknodat(dirfd, name, mode, int(rdev)); err != nil {
+				return err
+			}
+			if c.Uid != 0 || c.Gid != 0 {
+				unix.Fchownat(dirfd, name, int(c.Uid), int(c.Gid), unix.AT_SYMLINK_NOFOLLOW)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		return e.statLoc(p, loc{basePath: p, hasBase: true})
+	}
+	kind := KindSpecial
+	if mode&syscall.S_IFMT == syscall.S_IFREG || mode&syscall.S_IFMT == 0 {
+		kind = KindFile
+	}
+	l, m, err := e.prepareNew(p, kind, c)
+	if err != nil {
+		return nil, err
+	}
+	if kind == KindSpecial {
+		m.Mode, m.Rdev = mode, rdev
+	}
+	fd, err := e.placeNew(p, l, m, func(dirfd int, name string) (int, error) {
+		fd, err := openatRetry(dirfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, mode&0o7777)
+		if err == nil {
+			chownFd(fd, c)
+		}
+		return fd, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	return e.fstatShown(fd, m)
+}
+
+// Link makes newp another name of the file oldp.
+func (e *Engine) Link(oldp, newp string, c Caller) (*syscall.Stat_t, error) {
+	e.mu.Lock()
+	st, err := e.linkLocked(oldp, newp, c)
+	e.mu.Unlock()
+	if err == nil {
+		e.recordOp(c, "link", oldp, newp, 0)
+	}
+	return st, err
+}
+
+func (e *Engine) linkLocked(oldp, newp string, c Caller) (*syscall.Stat_t, error) {
+	if e.mode == Immediate {
+		err := e.base.withParent(oldp, func(odir int, oname string) error {
+			return e.base.withParent(newp, func(ndir int, nname string) error {
+				return unix.Linkat(odir, oname, ndir, nname, 0)
+			})
+		})
+		if err != nil {
+			return nil, err
+		}
+		return e.statLoc(newp, loc{basePath: newp, hasBase: true})
+	}
+	ol, err := e.locate(oldp)
+	if err != nil {
+		return nil, err
+	}
+	ost, err := e.statLoc(oldp, ol)
+	if err != nil {
+		return nil, err
+	}
+	if ost.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		return nil, syscall.EPERM
+	}
+	nl, nm, err := e.prepareNew(newp, KindFile, c)
+	if err != nil {
+		return nil, err
+	}
+	om, err := e.copyUp(oldp, ol, false)
+	if err != nil {
+		return nil, err
+	}
+	if nl.m != nil {
+		// A whiteout is in the way: it goes, the link takes its place.
+		if nl.m.Kind == KindDir {
+			return nil, syscall.EEXIST
+		}
+		if err := e.upper.withParent(newp, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, 0) }); err != nil {
+			return nil, err
+		}
+		e.dropEntry(newp)
+	}
+	err = e.upper.withParent(oldp, func(odir int, oname string) error {
+		return e.upper.withParent(newp, func(ndir int, nname string) error {
+			return unix.Linkat(odir, oname, ndir, nname, 0)
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	lm := *om
+	lm.Base = nm.Base
+	e.setEntry(newp, &lm)
+	st, err := e.upper.lstat(newp)
+	if err != nil {
+		return nil, err
+	}
+	decorate(st, &lm)
+	return st, nil
+}
+
+// Readlink returns the target of the symlink p.
+func (e *Engine) Readlink(p string) (string, error) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	l, err := e.locate(p)
+	if err != nil {
+		return "", err
+	}
+	if l.m != nil {
+		if l.deleted() {
+			return "", syscall.ENOENT
+		}
+		if l.m.Kind != KindSymlink {
+			return "", syscall.EINVAL
+		}
+		fd, err := e.upper.open(p, unix.O_RDONLY, 0)
+		if err != nil {
+			return "", err
+		}
+		defer unix.Close(fd)
+		buf := make([]byte, unix.PathMax+1)
+		n, err := unix.Read(fd, buf)
+		if err != nil {
+			return "", err
+		}
+		return string(buf[:n]), nil
+	}
+	if !l.hasBase {
+		return "", syscall.ENOENT
+	}
+	return e.base.readlink(l.basePath)
+}
+
+// ReadDir lists the directory p of the merged view.
+func (e *Engine) ReadDir(p string) ([]Dirent, error) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.readDirLocked(p)
+}
+
+func (e *Engine) readDirLocked(p string) ([]Dirent, error) {
+	l, err := e.locate(p)
+	if err != nil {
+		return nil, err
+	}
+	st, err := e.statLoc(p, l)
+	if err != nil {
+		return nil, err
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		return nil, syscall.ENOTDIR
+	}
+	var out []Dirent
+	if l.hasBase && (l.m == nil || !l.m.Opaque) {
+		if fd, err := e.base.openDirRead(l.basePath); err == nil {
+			ents, err := readDirents(fd)
+			unix.Close(fd)
+			if err != nil {
+				return nil, err
+			}
+			for _, d := range ents {
+				q := joinPath(p, d.Name)
+				if (e.mode == Staged && e.index[q] != nil) || e.isHidden(q) {
+					continue
+				}
+				d.Ino = e.baseInoDirent(d.Ino)
+				out = append(out, d)
+			}
+		} else if l.m == nil {
+			return nil, err
+		}
+	}
+	if e.mode == Immediate {
+		return out, nil
+	}
+	for name := range e.children[p] {
+		m := e.index[joinPath(p, name)]
+		if m.Kind == KindWhiteout || m.Deleted {
+			continue
+		}
+		mode := uint32(syscall.S_IFREG)
+		switch m.Kind {
+		case KindDir:
+			mode = syscall.S_IFDIR
+		case KindSymlink:
+			mode = syscall.S_IFLNK
+		case KindSpecial:
+			mode = m.Mode & syscall.S_IFMT
+		}
+		out = append(out, Dirent{Name: name, Mode: mode, Ino: m.shownIno()})
+	}
+	return out, nil
+}
+
+// baseInoDirent maps a d_ino from the base. Entries on other filesystems
+// mounted in the workspace would need their device; d_ino is a hint that
+// tools re-check with stat, which does map them.
+func (e *Engine) baseInoDirent(ino uint64) uint64 { return ino }
+
+// isEmptyDir reports whether the directory p is empty in the merged view.
+func (e *Engine) isEmptyDir(p string) (bool, error) {
+	ents, err := e.readDirLocked(p)
+	return len(ents) == 0, err
+}
+
+// removeAt removes a file or an empty directory.
+func removeAt(dirfd int, name string) error {
+	err := unix.Unlinkat(dirfd, name, 0)
+	if err == unix.EISDIR || err == unix.EPERM {
+		err = unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
+	}
+	return err
+}
+
+// removeAllAt removes name and everything below it.
+func removeAllAt(dirfd int, name string) error {
+	err := unix.Unlinkat(dirfd, name, 0)
+	if err == nil || err == unix.ENOENT {
+		return nil
+	}
+	if err != unix.EISDIR && err != unix.EPERM {
+		return err
+	}
+	fd, err := openatRetry(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	ents, err := readDirents(fd)
+	if err == nil {
+		for _, d := range ents {
+			if err = removeAllAt(fd, d.Name); err != nil {
+				break
+			}
+		}
+	}
+	unix.Close(fd)
+	if err != nil {
+		return err
+	}
+	return unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
+}
+
+// whiteoutAt replaces whatever the upper tree has at p with a whiteout
+// carrying baseline b (built in work/ and renamed into place, so p is never
+// missing from the upper tree in between).
+func (e *Engine) whiteoutAt(p string, b Baseline, c Caller) error {
+	dir, _ := splitPath(p)
+	if err := e.ensureUpperDir(dir); err != nil {
+		return err
+	}
+	m := &meta{Kind: KindWhiteout, Base: b, Pid: c.Pid, Time: time.Now().UnixNano()}
+	tmp := e.tmpName()
+	fd, err := unix.Openat(e.workFd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	err = e.finishNew(fd, m)
+	unix.Close(fd)
+	if err == nil {
+		err = e.upper.withParent(p, func(dirfd int, name string) error {
+			return unix.Renameat(e.workFd, tmp, dirfd, name)
+		})
+	}
+	if err != nil {
+		removeAt(e.workFd, tmp)
+		return err
+	}
+	e.dropEntry(p)
+	e.setEntry(p, m)
+	return nil
+}
+
+// Unlink removes the non-directory p.
+func (e *Engine) Unlink(p string, c Caller) error {
+	e.mu.Lock()
+	err := e.unlinkLocked(p, c)
+	e.mu.Unlock()
+	if err == nil {
+		e.recordOp(c, "unlink", p, "", 0)
+	}
+	return err
+}
+
+func (e *Engine) unlinkLocked(p string, c Caller) error {
+	if e.mode == Immediate {
+		return e.base.withParent(p, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, 0) })
+	}
+	l, err := e.locate(p)
+	if err != nil {
+		return err
+	}
+	st, err := e.statLoc(p, l)
+	if err != nil {
+		return err
+	}
+	if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		return syscall.EISDIR
+	}
+	return e.removeEntry(p, l, c)
+}
+
+// removeEntry deletes p from the merged view: a whiteout when the base has
+// something there (or had, when p was first staged), else just the upper
+// entry.
+func (e *Engine) removeEntry(p string, l loc, c Caller) error {
+	bst := e.baseStat(l)
+	b := Baseline{}
+	if l.m != nil {
+		b = l.m.Base
+	} else if bst != nil {
+		b = baselineOf(bst)
+	}
+	if bst != nil || b.Exists {
+		return e.whiteoutAt(p, b, c)
+	}
+	if err := e.upper.withParent(p, func(dirfd int, name string) error { return removeAllAt(dirfd, name) }); err != nil {
+		return err
+	}
+	e.dropEntry(p)
+	e.pruneContainers(p)
+	return nil
+}
+
+// pruneContainers removes container directories above p that no longer
+// hold any change, so an undone change leaves nothing behind.
+func (e *Engine) pruneContainers(p string) {
+	for dir, _ := splitPath(p); dir != ""; dir, _ = splitPath(dir) {
+		m := e.index[dir]
+		if m == nil || m.isChange() || len(e.children[dir]) > 0 {
+			return
+		}
+		if e.upper.withParent(dir, func(dirfd int, name string) error {
+			return unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
+		}) != nil {
+			return
+		}
+		e.dropEntry(dir)
+	}
+}
+
+// Rmdir removes the empty directory p.
+func (e *Engine) Rmdir(p string, c Caller) error {
+	e.mu.Lock()
+	err := e.rmdirLocked(p, c)
+	e.mu.Unlock()
+	if err == nil {
+		e.recordOp(c, "rmdir", p, "", 0)
+	}
+	return err
+}
+
+func (e *Engine) rmdirLocked(p string, c Caller) error {
+	if p == "" {
+		return syscall.EBUSY
+	}
+	if e.mode == Immediate {
+		return e.base.withParent(p, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR) })
+	}
+	l, err := e.locate(p)
+	if err != nil {
+		return err
+	}
+	st, err := e.statLoc(p, l)
+	if err != nil {
+		return err
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		return syscall.ENOTDIR
+	}
+	if empty, err := e.isEmptyDir(p); err != nil {
+		return err
+	} else if !empty {
+		return syscall.ENOTEMPTY
+	}
+	if l.m == nil || !e.hasWhiteoutsBelow(p) {
+		// Nothing below needs to survive: a whiteout (or nothing) will do.
+		if l.m != nil {
+			if err := e.upper.withParent(p, func(dirfd int, name string) error { return removeAllAt(dirfd, name) }); err != nil {
+				return err
+			}
+			base := l.m.Base
+			e.dropEntry(p)
+			if e.baseStat(l) != nil || base.Exists {
+				return e.whiteoutAt(p, base, c)
+			}
+			e.pruneContainers(p)
+			return nil
+		}
+		return e.removeEntry(p, l, c)
+	}
+	// The whiteouts below must reach commit: keep the directory, marked
+	// deleted.
+	nm := *l.m
+	nm.Deleted, nm.Container, nm.Pid, nm.Time = true, false, c.Pid, time.Now().UnixNano()
+	if err := e.writeMeta(p, &nm); err != nil {
+		return err
+	}
+	*l.m = nm
+	return nil
+}
+
+// Rename moves oldp to newp (flags: RENAME_NOREPLACE; RENAME_EXCHANGE is
+// not supported and fails with EINVAL).
+func (e *Engine) Rename(oldp, newp string, flags uint32, c Caller) error {
+	e.mu.Lock()
+	err := e.renameLocked(oldp, newp, flags, c)
+	e.mu.Unlock()
+	if err == nil {
+		e.recordOp(c, "rename", oldp, newp, 0)
+	}
+	return err
+}
+
+func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
+	if flags&^unix.RENAME_NOREPLACE != 0 {
+		return syscall.EINVAL
+	}
+	if oldp == newp {
+		return nil
+	}
+	if oldp == "" || newp == "" || isUnder(newp, oldp) {
+		return syscall.EINVAL
+	}
+	if e.mode == Immediate {
+		return e.base.withParent(oldp, func(odir int, oname string) error {
+			return e.base.withParent(newp, func(ndir int, nname string) error {
+				return unix.Renameat2(odir, oname, ndir, nname, uint(flags))
+			})
+		})
+	}
+	ol, err := e.locate(oldp)
+	if err != nil {
+		return err
+	}
+	ost, err := e.statLoc(oldp, ol)
+	if err != nil {
+		return err
+	}
+	if err := e.parentIsDir(newp); err != nil {
+		return err
+	}
+	nl, err := e.locate(newp)
+	if err != nil {
+		return err
+	}
+	oldIsDir := ost.Mode&syscall.S_IFMT == syscall.S_IFDIR
+	if nst, err := e.statLoc(newp, nl); err == nil {
+		if flags&unix.RENAME_NOREPLACE != 0 {
+			return syscall.EEXIST
+		}
+		newIsDir := nst.Mode&syscall.S_IFMT == syscall.S_IFDIR
+		switch {
+		case oldIsDir && !newIsDir:
+			return syscall.ENOTDIR
+		case !oldIsDir && newIsDir:
+			return syscall.EISDIR
+		case newIsDir:
+			if empty, err := e.isEmptyDir(newp); err != nil {
+				return err
+			} else if !empty {
+				return syscall.ENOTEMPTY
+			}
+		}
+		if ost.Ino == nst.Ino && !oldIsDir {
+			// Two names of one file: rename does nothing (POSIX).
+			return nil
+		}
+	}
+	// What the base had at newp: the moved entry's new baseline.
+	var newBase Baseline
+	if nl.m != nil {
+		newBase = nl.m.Base
+	} else if bst := e.baseStat(nl); bst != nil {
+		newBase = baselineOf(bst)
+	}
+	oldBaseHas := e.baseStat(ol) != nil
+	var oldBase Baseline
+	if ol.m != nil {
+		oldBase = ol.m.Base
+	} else if bst := e.baseStat(ol); bst != nil {
+		oldBase = baselineOf(bst)
+	}
+	// The moved entry needs an upper copy at oldp.
+	om, err := e.copyUp(oldp, ol, false)
+	if err != nil {
+		return err
+	}
+	ndir, _ := splitPath(newp)
+	if err := e.ensureUpperDir(ndir); err != nil {
+		return err
+	}
+	// Clear the upper entry in the way at newp (an empty directory's
+	// whiteouts, a whiteout, or a file that rename would replace anyway).
+	if nl.m != nil && nl.m.Kind == KindDir {
+		if err := e.upper.withParent(newp, func(dirfd int, name string) error { return removeAllAt(dirfd, name) }); err != nil {
+			return err
+		}
+		e.dropEntry(newp)
+	}
+	nm := *om
+	nm.Base = newBase
+	nm.Pid, nm.Time = c.Pid, time.Now().UnixNano()
+	if nm.Kind == KindDir {
+		nm.Container = false
+		if nm.Redirect == "" && !nm.Opaque && ol.hasBase && oldBaseHas {
+			nm.Redirect = ol.basePath
+		}
+		if nm.Redirect == "" {
+			// Nothing of the base shows through the moved directory.
+			nm.Opaque = true
+		}
+	}
+	if err := e.writeMeta(oldp, &nm); err != nil {
+		return err
+	}
+	err = e.upper.withParent(oldp, func(odir int, oname string) error {
+		return e.upper.withParent(newp, func(ndir int, nname string) error {
+			return unix.Renameat(odir, oname, ndir, nname)
+		})
+	})
+	if err != nil {
+		e.writeMeta(oldp, om)
+		return err
+	}
+	*om = nm
+	e.dropEntry(newp)
+	e.moveEntries(oldp, newp)
+	if oldBaseHas || oldBase.Exists {
+		if err := e.whiteoutAt(oldp, oldBase, c); err != nil {
+			return err
+		}
+	} else {
+		e.pruneContainers(oldp)
+	}
+	return nil
+}
+
+// SetAttr is a change of attributes; nil fields are left alone.
+type SetAttr struct {
+	Mode  *uint32
+	Uid   *uint32
+	Gid   *uint32
+	Size  *uint64
+	Atime *unix.Timespec // UTIME_NOW / UTIME_OMIT allowed
+	Mtime *unix.Timespec
+}
+
+// Setattr changes p's attributes. fd, when >= 0, is a file the caller has
+// open for writing on p (used for truncation so it works on unlinked files).
+func (e *Engine) Setattr(p string, fd int, a SetAttr, c Caller) (*syscall.Stat_t, error) {
+	e.mu.Lock()
+	st, err := e.setattrLocked(p, fd, a)
+	e.mu.Unlock()
+	if err == nil {
+		op := "setattr"
+		var size int64
+		if a.Size != nil {
+			op, size = "truncate", int64(*a.Size)
+		}
+		e.recordOp(c, op, p, "", size)
+	}
+	return st, err
+}
+
+func (e *Engine) setattrLocked(p string, fd int, a SetAttr) (*syscall.Stat_t, error) {
+	var lyr layer
+	var rel string
+	var m *meta
+	if e.mode == Immediate {
+		lyr, rel = e.base, p
+	} else {
+		l, err := e.locate(p)
+		if err != nil {
+			return nil, err
+		}
+		if m, err = e.copyUp(p, l, a.Size != nil && *a.Size == 0); err != nil {
+			return nil, err
+		}
+		if m.Kind == KindDir && m.Container {
+			nm := *m
+			nm.Container = false
+			if err := e.writeMeta(p, &nm); err != nil {
+				return nil, err
+			}
+			*m = nm
+		}
+		lyr, rel = e.upper, p
+	}
+	kind := KindFile
+	if m != nil {
+		kind = m.Kind
+	}
+	err := func() error {
+		if a.Size != nil {
+			if fd >= 0 {
+				if err := unix.Ftruncate(fd, int64(*a.Size)); err != nil {
+					return err
+				}
+			} else if err := lyr.truncate(rel, int64(*a.Size)); err != nil {
+				return err
+			}
+		}
+		return lyr.withParentOrRoot(rel, func(dirfd int, name string) error {
+			if a.Uid != nil || a.Gid != nil {
+				uid, gid := -1, -1
+				if a.Uid != nil {
+					uid = int(*a.Uid)
+				}
+				if a.Gid != nil {
+					gid = int(*a.Gid)
+				}
+				if err := unix.Fchownat(dirfd, name, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+					return err
+				}
+			}
+			if a.Mode != nil && kind != KindSymlink {
+				if kind == KindSpecial {
+					m.Mode = m.Mode&syscall.S_IFMT | *a.Mode&0o7777
+					if err := e.writeMeta(p, m); err != nil {
+						return err
+					}
+				} else if err := unix.Fchmodat(dirfd, name, *a.Mode&0o7777, 0); err != nil {
+					return err
+				}
+			}
+			if a.Atime != nil || a.Mtime != nil {
+				omit := unix.Timespec{Nsec: unix.UTIME_OMIT}
+				ts := []unix.Timespec{omit, omit}
+				if a.Atime != nil {
+					ts[0] = *a.Atime
+				}
+				if a.Mtime != nil {
+					ts[1] = *a.Mtime
+				}
+				if err := unix.UtimesNanoAt(dirfd, name, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}()
+	if err != nil {
+		return nil, err
+	}
+	st, err := lyr.lstat(rel)
+	if err != nil {
+		return nil, err
+	}
+	if m != nil {
+		decorate(st, m)
+	} else {
+		st.Ino = e.baseIno(st)
+	}
+	return st, nil
+}
+
+// withParentOrRoot is withParent that also accepts the root (name ".").
+func (l layer) withParentOrRoot(rel string, fn func(dirfd int, name string) error) error {
+	if rel == "" {
+		return fn(l.fd, ".")
+	}
+	return l.withParent(rel, fn)
+}
+
+func (l layer) truncate(rel string, size int64) error {
+	fd, err := l.open(rel, unix.O_WRONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Ftruncate(fd, size)
+}
+
+// Getxattr reads an extended attribute; stagefs's own are invisible.
+func (e *Engine) Getxattr(p, attr string, buf []byte) (int, error) {
+	if strings.HasPrefix(attr, xattrPrefix) {
+		return 0, unix.ENODATA
+	}
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	lyr, rel, kind, err := e.xattrTarget(p)
+	if err != nil {
+		return 0, err
+	}
+	if kind == KindSymlink || kind == KindSpecial {
+		return 0, unix.ENODATA
+	}
+	return lyr.getxattr(rel, attr, buf)
+}
+
+// Listxattr lists extended attribute names (NUL separated), without
+// stagefs's own.
+func (e *Engine) Listxattr(p string) ([]byte, error) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	lyr, rel, kind, err := e.xattrTarget(p)
+	if err != nil {
+		return nil, err
+	}
+	if kind == KindSymlink || kind == KindSpecial {
+		return nil, nil
+	}
+	buf := make([]byte, 64<<10)
+	n, err := lyr.listxattr(rel, buf)
+	if err != nil {
+		return nil, err
+	}
+	var out []byte
+	for _, name := range strings.Split(string(buf[:n]), "\x00") {
+		if name != "" && !strings.HasPrefix(name, xattrPrefix) {
+			out = append(append(out, name...), 0)
+		}
+	}
+	return out, nil
+}
+
+func (e *Engine) xattrTarget(p string) (layer, string, Kind, error) {
+	l, err := e.locate(p)
+	if err != nil {
+		return layer{}, "", 0, err
+	}
+	if l.m != nil {
+		if l.deleted() {
+			return layer{}, "", 0, syscall.ENOENT
+		}
+		return e.upper, p, l.m.Kind, nil
+	}
+	if !l.hasBase {
+		return layer{}, "", 0, syscall.ENOENT
+	}
+	return e.base, l.basePath, 0, nil
+}
+
+// Setxattr sets an extended attribute (copying p up first).
+func (e *Engine) Setxattr(p, attr string, val []byte, flags int, c Caller) error {
+	return e.changeXattr(p, attr, c, "setxattr", func(l layer, rel string) error {
+		return l.setxattr(rel, attr, val, flags)
+	})
+}
+
+// Removexattr removes an extended attribute (copying p up first).
+func (e *Engine) Removexattr(p, attr string, c Caller) error {
+	return e.changeXattr(p, attr, c, "removexattr", func(l layer, rel string) error {
+		return l.removexattr(rel, attr)
+	})
+}
+
+func (e *Engine) changeXattr(p, attr string, c Caller, op string, fn func(layer, string) error) error {
+	if strings.HasPrefix(attr, xattrPrefix) {
+		return syscall.EPERM
+	}
+	e.mu.Lock()
+	err := func() error {
+		if e.mode == Immediate {
+			return fn(e.base, p)
+		}
+		l, err := e.locate(p)
+		if err != nil {
+			return err
+		}
+		m, err := e.copyUp(p, l, false)
+		if err != nil {
+			return err
+		}
+		if m.Kind == KindSymlink || m.Kind == KindSpecial {
+			return syscall.EPERM
+		}
+		if m.Kind == KindDir && m.Container {
+			nm := *m
+			nm.Container = false
+			if err := e.writeMeta(p, &nm); err != nil {
+				return err
+			}
+			*m = nm
+		}
+		return fn(e.upper, p)
+	}()
+	e.mu.Unlock()
+	if err == nil {
+		e.record(Record{Op: op, Path: p, Pid: c.Pid, Detail: attr})
+		e.changed()
+	}
+	return err
+}

@@ -1,0 +1,102 @@
+package overlay
+
+import (
+	"encoding/json"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Record is one journal entry as the engine writes it: what happened, to
+// which path(s), and who did it.
+type Record struct {
+	Seq    uint64 `json:"-"`
+	Time   int64  `json:"t"` // unix ns
+	Op     string `json:"op"`
+	Path   string `json:"p,omitempty"`
+	Path2  string `json:"p2,omitempty"`
+	Pid    int    `json:"pid,omitempty"`
+	Comm   string `json:"comm,omitempty"`
+	Size   int64  `json:"sz,omitempty"`
+	Mode   string `json:"mode,omitempty"`
+	Detail string `json:"d,omitempty"`
+}
+
+// DecodeRecord parses a journal payload written by the engine.
+func DecodeRecord(seq uint64, payload []byte) (Record, error) {
+	var r Record
+	err := json.Unmarshal(payload, &r)
+	r.Seq = seq
+	return r, err
+}
+
+// record appends r to the journal. A failure is logged: the operation it
+// describes has already happened and cannot be undone here.
+func (e *Engine) record(r Record) {
+	if e.journal == nil {
+		return
+	}
+	if r.Time == 0 {
+		r.Time = time.Now().UnixNano()
+	}
+	if r.Pid > 0 && r.Comm == "" {
+		r.Comm = e.comms.get(r.Pid)
+	}
+	b, _ := json.Marshal(r)
+	if _, err := e.journal.Append(b); err != nil {
+		e.logf("journal: %v", err)
+	}
+}
+
+// recordOp journals a staging operation by c and tells the listener.
+func (e *Engine) recordOp(c Caller, op, p, p2 string, size int64) {
+	e.record(Record{Op: op, Path: p, Path2: p2, Pid: c.Pid, Size: size})
+	e.changed()
+}
+
+func (e *Engine) changed() {
+	if e.onChange != nil {
+		e.onChange()
+	}
+}
+
+// commCache remembers process names briefly: one /proc read per process,
+// not per operation. A pid reused within the TTL may show the old name.
+type commCache struct {
+	mu sync.Mutex
+	m  map[int]commEntry
+}
+
+type commEntry struct {
+	name string
+	at   time.Time
+}
+
+const commTTL = 2 * time.Second
+
+func (c *commCache) get(pid int) string {
+	now := time.Now()
+	c.mu.Lock()
+	if e, ok := c.m[pid]; ok && now.Sub(e.at) < commTTL {
+		c.mu.Unlock()
+		return e.name
+	}
+	c.mu.Unlock()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+	name := strings.TrimSpace(string(b))
+	if err != nil {
+		name = ""
+	}
+	c.mu.Lock()
+	if c.m == nil || len(c.m) > 4096 {
+		c.m = map[int]commEntry{}
+	}
+	c.m[pid] = commEntry{name, now}
+	c.mu.Unlock()
+	return name
+}
+
+// Comm returns the command name of pid (cached briefly).
+func (e *Engine) Comm(pid int) string { return e.comms.get(pid) }

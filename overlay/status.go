@@ -1,0 +1,142 @@
+package overlay
+
+import (
+	"sort"
+	"syscall"
+	"time"
+)
+
+// Change is one pending change as status reports it.
+type Change struct {
+	Path  string
+	Kind  string // created, modified, deleted, renamed, mkdir, symlink, special, metadata
+	From  string // renamed: the base path it came from
+	Bytes int64
+	Time  time.Time
+	Pid   int
+	Comm  string
+}
+
+func (m *meta) changeKind() (kind, from string) {
+	switch m.Kind {
+	case KindFile:
+		if m.Base.Exists {
+			return "modified", ""
+		}
+		return "created", ""
+	case KindSymlink:
+		return "symlink", ""
+	case KindSpecial:
+		return "special", ""
+	case KindWhiteout:
+		return "deleted", ""
+	}
+	switch {
+	case m.Deleted:
+		return "deleted", ""
+	case m.Redirect != "":
+		return "renamed", m.Redirect
+	case !m.Base.Exists || m.Opaque:
+		return "mkdir", ""
+	}
+	return "metadata", ""
+}
+
+// Pending lists the pending changes at or below the given paths (all when
+// none), sorted by path. Its cost grows with the pending set only.
+func (e *Engine) Pending(paths []string) []Change {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	var out []Change
+	for _, p := range e.selectLocked(paths, false) {
+		m := e.index[p]
+		kind, from := m.changeKind()
+		ch := Change{Path: p, Kind: kind, From: from, Time: time.Unix(0, m.Time), Pid: m.Pid}
+		if m.Kind == KindFile || m.Kind == KindSymlink {
+			if st, err := e.upper.lstat(p); err == nil {
+				ch.Bytes = st.Size
+			}
+		}
+		out = append(out, ch)
+	}
+	return out
+}
+
+// PendingCount is the number of pending changes.
+func (e *Engine) PendingCount() int {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.pendingCountLocked()
+}
+
+// selectLocked returns the changed entries at or below paths (all when
+// paths is empty), sorted. With partners, a renamed directory brings the
+// whiteout at its source and the reverse, since one without the other would
+// lose or duplicate the directory.
+func (e *Engine) selectLocked(paths []string, partners bool) []string {
+	set := map[string]bool{}
+	if len(paths) == 0 {
+		for p, m := range e.index {
+			if m.isChange() {
+				set[p] = true
+			}
+		}
+	} else {
+		for _, q := range paths {
+			e.collect(q, set)
+		}
+	}
+	if partners {
+		for p := range set {
+			m := e.index[p]
+			if m.Kind == KindDir && m.Redirect != "" {
+				if w := e.index[m.Redirect]; w != nil && w.Kind == KindWhiteout && w.Base.Ino != 0 && w.Base.Ino == m.Ino {
+					set[m.Redirect] = true
+				}
+			}
+		}
+		for p, m := range e.index {
+			if m.Kind == KindDir && m.Redirect != "" && !set[p] {
+				if set[m.Redirect] {
+					set[p] = true
+				}
+			}
+		}
+		// Changed ancestors (a new, renamed or recreated directory) must
+		// go with what is below them.
+		for p := range set {
+			for dir, _ := splitPath(p); dir != ""; dir, _ = splitPath(dir) {
+				if m := e.index[dir]; m != nil && m.isChange() {
+					set[dir] = true
+				}
+			}
+		}
+	}
+	out := make([]string, 0, len(set))
+	for p := range set {
+		out = append(out, p)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// collect adds the changes at or below q to set.
+func (e *Engine) collect(q string, set map[string]bool) {
+	m := e.index[q]
+	if m == nil {
+		return
+	}
+	if m.isChange() {
+		set[q] = true
+	}
+	if m.Kind == KindDir {
+		for name := range e.children[q] {
+			e.collect(joinPath(q, name), set)
+		}
+	}
+}
+
+// isRegular reports whether st is a regular file.
+func isRegular(st *syscall.Stat_t) bool {
+	return st != nil && st.Mode&syscall.S_IFMT == syscall.S_IFREG
+}
