@@ -79,10 +79,12 @@ func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
 func (sys *FS) Server() *fuse.Server { return sys.server }
 
 // Invalidate drops the kernel's cached names, attributes and pages of the
-// given paths, after commit or discard changed what they show. It runs the
-// notifications outside any FUSE handler, as the kernel requires.
+// given paths, after commit or discard changed what they show, and returns
+// when the kernel has them dropped. It must be called outside any FUSE
+// handler and without engine locks (the control socket's goroutines), or
+// the kernel and the daemon could wait on each other.
 func (sys *FS) Invalidate(paths []string) {
-	go func() {
+	func() {
 		for _, p := range paths {
 			parent := &sys.root.Inode
 			dir, name := "", p

@@ -165,8 +165,10 @@ func clearStaleMount(mp string) error {
 	if _, ok := isMounted(mp); !ok {
 		return nil
 	}
-	var st syscall.Stat_t
-	err := syscall.Stat(mp, &st)
+	// statfs always reaches the daemon; stat may be answered from the
+	// kernel's attribute cache for a while after the daemon died.
+	var st syscall.Statfs_t
+	err := syscall.Statfs(mp, &st)
 	if err == nil {
 		return fmt.Errorf("%s is already a mount point; unmount it first (stagefs unmount %s)", mp, mp)
 	}

@@ -48,10 +48,7 @@ func runUnmount(ctx context.Context, args []string) error {
 	// start right away.
 	state := strings.TrimPrefix(m.source, stagefsSourcePrefix)
 	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) && !lazy {
-		if _, err := os.Stat(socketPath(state)); os.IsNotExist(err) {
-			break
-		}
+	for time.Now().Before(deadline) && !lazy && daemonHolds(state) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	fmt.Printf("unmounted %s; the pending set is kept in %s\n", mp, state)
@@ -78,4 +75,18 @@ func unmountPath(mp string, lazy bool) error {
 		return fmt.Errorf("%v: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// daemonHolds reports whether a daemon still holds the state dir's lock.
+func daemonHolds(state string) bool {
+	f, err := os.OpenFile(filepath.Join(state, "lock"), os.O_RDWR, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return true
+	}
+	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	return false
 }

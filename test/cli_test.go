@@ -1,0 +1,151 @@
+package test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"stagefs/control"
+)
+
+func TestCLIClients(t *testing.T) {
+	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "alpha\nbeta\n", "g.txt": "g\n"}))
+	before := snapshot(t, m.ws)
+
+	if r := runStagefs(t, "--version"); r.code != 0 || !strings.HasPrefix(r.stdout, "stagefs ") {
+		t.Errorf("--version: %s", r)
+	}
+	if r := runStagefs(t, "--help"); r.code != 0 || !strings.Contains(r.stdout, "commit") {
+		t.Errorf("--help: %s", r)
+	}
+
+	// Nothing pending yet.
+	if out := m.mustCLI("status"); !strings.Contains(out, "nothing pending") {
+		t.Errorf("status on a fresh mount: %q", out)
+	}
+	if out := m.mustCLI("diff"); out != "" {
+		t.Errorf("diff on a fresh mount: %q", out)
+	}
+
+	// read: the view's content on stdout, its hash on stderr.
+	r := m.cli("read", "f.txt")
+	sum := sha256Hex([]byte("alpha\nbeta\n"))
+	if r.code != 0 || r.stdout != "alpha\nbeta\n" || !strings.Contains(r.stderr, sum) {
+		t.Errorf("read f.txt: %s", r)
+	}
+	var rt control.ReadTextResult
+	if err := json.Unmarshal([]byte(m.mustCLI("read", "--json", "f.txt")), &rt); err != nil || rt.SHA256 != sum || !rt.Exists {
+		t.Errorf("read --json: %+v, %v", rt, err)
+	}
+	if r := m.cli("read", "missing.txt"); r.code != 1 {
+		t.Errorf("read of a missing file: exit %d, want 1\n%s", r.code, r)
+	}
+	if r := m.cli("read", "../outside"); r.code != 1 || !strings.Contains(r.stderr, "path_outside_workspace") {
+		t.Errorf("read ../outside: %s", r)
+	}
+
+	// patch: a stale hash exits 3 and changes nothing.
+	r = m.cli("patch", "f.txt", "--expect", sha256Hex([]byte("other")), "--edit", "beta=BETA")
+	if r.code != 3 || !strings.Contains(r.stdout+r.stderr, "stale_base") {
+		t.Errorf("patch with a stale hash: exit %d, want 3\n%s", r.code, r)
+	}
+	assertFile(t, m.in("f.txt"), "alpha\nbeta\n")
+	// The right hash applies.
+	r = m.cli("patch", "f.txt", "--expect", sum, "--edit", "beta=BETA")
+	if r.code != 0 || !strings.Contains(r.stdout, "applied") {
+		t.Errorf("patch --edit: %s", r)
+	}
+	assertFile(t, m.in("f.txt"), "alpha\nBETA\n")
+	// --content-file, creating a file (no --expect: it must not exist).
+	content := filepath.Join(t.TempDir(), "c")
+	os.WriteFile(content, []byte("from a file\n"), 0o644)
+	var pr control.SafeTextPatchResult
+	if err := json.Unmarshal([]byte(m.mustCLI("patch", "--json", "new.txt", "--content-file", content)), &pr); err != nil ||
+		pr.Result != control.PatchApplied || pr.SHA256 != sha256Hex([]byte("from a file\n")) {
+		t.Errorf("patch --content-file: %+v, %v", pr, err)
+	}
+	assertFile(t, m.in("new.txt"), "from a file\n")
+	// Creating over an existing file without --expect is stale.
+	if r := m.cli("patch", "g.txt", "--content-file", content); r.code != 3 {
+		t.Errorf("patch of an existing file expecting none: exit %d, want 3\n%s", r.code, r)
+	}
+	// Usage errors.
+	if r := m.cli("patch", "g.txt"); r.code != 2 {
+		t.Errorf("patch without content or edits: exit %d, want 2", r.code)
+	}
+	if r := m.cli("patch", "g.txt", "--expect", sum, "--edit", "no-equals-sign"); r.code != 2 {
+		t.Errorf("patch --edit without =: exit %d, want 2", r.code)
+	}
+
+	// status, human form.
+	out := m.mustCLI("status")
+	for _, want := range []string{"2 pending change(s)", "modified", "f.txt", "created", "new.txt"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status output lacks %q:\n%s", want, out)
+		}
+	}
+
+	// The client finds the daemon from the current directory, from
+	// --socket and from $STAGEFS_SOCKET.
+	if err := os.Mkdir(m.in("sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, r := range map[string]result{
+		"cwd in the mount":   runIn(t, cmdSpec{dir: m.in("sub")}, stagefsBin, "status", "--json"),
+		"--socket":           runStagefs(t, "status", "--json", "--socket", m.sock),
+		"STAGEFS_SOCKET env": runIn(t, cmdSpec{env: []string{"STAGEFS_SOCKET=" + m.sock}}, stagefsBin, "status", "--json"),
+	} {
+		var st control.StatusResult
+		if r.code != 0 {
+			t.Errorf("status via %s: %s", name, r)
+		} else if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || st.PendingCount != 3 {
+			t.Errorf("status via %s: %+v, %v", name, st, err)
+		}
+	}
+	if r := runIn(t, cmdSpec{dir: "/"}, stagefsBin, "status"); r.code != 4 {
+		t.Errorf("status outside any mount: exit %d, want 4\n%s", r.code, r)
+	}
+	if r := runStagefs(t, "status", "-m", m.ws); r.code != 4 {
+		t.Errorf("status -m on a plain directory: exit %d, want 4", r.code)
+	}
+
+	// log.
+	var lr control.LogResult
+	if err := json.Unmarshal([]byte(m.mustCLI("log", "--json", "f.txt")), &lr); err != nil || len(lr.Records) == 0 {
+		t.Errorf("log --json f.txt: %+v, %v", lr, err)
+	}
+	for _, rec := range lr.Records {
+		if rec.Path != "f.txt" && rec.Path2 != "f.txt" && !strings.Contains(rec.Detail, "f.txt") {
+			t.Errorf("log f.txt lists a record of another path: %+v", rec)
+		}
+	}
+	if err := json.Unmarshal([]byte(m.mustCLI("log", "--json", "--limit", "2")), &lr); err != nil || len(lr.Records) != 2 {
+		t.Errorf("log --limit 2: %d records, %v", len(lr.Records), err)
+	}
+
+	// diff of one path.
+	d := m.mustCLI("diff", "f.txt")
+	if !strings.Contains(d, "-beta") || !strings.Contains(d, "+BETA") || strings.Contains(d, "new.txt") {
+		t.Errorf("diff f.txt:\n%s", d)
+	}
+	assertSameTree(t, "workspace before commit", before, snapshot(t, m.ws))
+
+	// discard everything.
+	var dr control.DiscardResult
+	if err := json.Unmarshal([]byte(m.mustCLI("discard", "--json")), &dr); err != nil || len(dr.Discarded) != 3 {
+		t.Errorf("discard --json: %+v, %v", dr, err)
+	}
+	assertSameTree(t, "mount after discarding everything", before, snapshot(t, m.mnt))
+	if out := m.mustCLI("commit"); !strings.Contains(out, "nothing to commit") {
+		t.Errorf("commit with nothing pending: %q", out)
+	}
+	if out := m.mustCLI("discard"); !strings.Contains(out, "nothing to discard") {
+		t.Errorf("discard with nothing pending: %q", out)
+	}
+	if r := m.cli("mode", "bogus"); r.code == 0 {
+		t.Errorf("mode bogus accepted: %s", r)
+	}
+	assertSameTree(t, "workspace at the end", before, snapshot(t, m.ws))
+}
