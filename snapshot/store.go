@@ -1,0 +1,708 @@
+package snapshot
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Kind says what a path was before its first mutation.
+type Kind string
+
+const (
+	KindFile    Kind = "file"    // regular file: Hash, Size, Mode
+	KindSymlink Kind = "symlink" // Target
+	KindDir     Kind = "dir"     // Mode
+	KindAbsent  Kind = "absent"  // the path did not exist
+	KindMoved   Kind = "moved"   // a directory was renamed from From to Path; restore moves it back
+)
+
+// Entry is one captured pre-image.
+type Entry struct {
+	Path   string `json:"path"` // workspace-relative, slash separated ("" is the root)
+	Kind   Kind   `json:"kind"`
+	Hash   string `json:"hash,omitempty"` // hex sha256 of the body (files)
+	Size   int64  `json:"size,omitempty"`
+	Mode   uint32 `json:"mode,omitempty"` // permission bits (and file type bits as in stat)
+	Uid    uint32 `json:"uid,omitempty"`
+	Gid    uint32 `json:"gid,omitempty"`
+	Mtime  int64  `json:"mtime,omitempty"` // unix ns
+	Target string `json:"target,omitempty"`
+	From   string `json:"from,omitempty"`
+	Time   int64  `json:"time"` // capture time, unix ns
+	Pid    int    `json:"pid,omitempty"`
+	Comm   string `json:"comm,omitempty"`
+}
+
+// Info describes one snapshot.
+type Info struct {
+	ID      string   `json:"id"` // unique, sorts by creation
+	ScopeID string   `json:"scopeId"`
+	Turn    string   `json:"turn,omitempty"`
+	Pid     int      `json:"pid,omitempty"` // bound process (0: any process)
+	Created int64    `json:"created"`       // unix ns
+	Closed  bool     `json:"closed"`
+	Paths   []string `json:"paths"` // captured paths, in capture order
+	Bytes   int64    `json:"bytes"` // sum of the sizes of its distinct file bodies
+}
+
+// Options configure a Store.
+type Options struct {
+	ByteCap int64 // total bytes of bodies referenced by snapshots; 0 means 1 GiB; <0 means no cap
+	NoSync  bool  // tests only: skip fsyncs
+}
+
+// DefaultByteCap is the byte cap used when Options.ByteCap is 0.
+const DefaultByteCap int64 = 1 << 30
+
+var (
+	ErrCorrupt  = errors.New("snapshot: stored body does not match its hash")
+	ErrNotFound = errors.New("snapshot: not found")
+	ErrClosed   = errors.New("snapshot: snapshot is closed")
+	ErrExists   = errors.New("snapshot: an open snapshot with this scope id exists")
+)
+
+// tmpPrefix starts the names of files that are being written. Open removes
+// any it finds: they are leftovers of a crash and nothing refers to them.
+const tmpPrefix = ".tmp-"
+
+// snap is the in-memory state of one snapshot.
+type snap struct {
+	info    Info // Closed, Paths and Bytes are kept current
+	entries []Entry
+	has     map[string]struct{} // captured paths, for Has and first-capture-wins
+	hashes  map[string]int64    // distinct bodies it refers to, with their sizes
+	size    int64               // manifest length on disk: where the next line goes
+	broken  error               // set when an append failed in a way that forbids more
+}
+
+func newSnap(h header) *snap {
+	return &snap{
+		info: Info{
+			ID:      h.ID,
+			ScopeID: h.ScopeID,
+			Turn:    h.Turn,
+			Pid:     h.Pid,
+			Created: h.Created,
+			Paths:   []string{},
+		},
+		entries: []Entry{},
+		has:     map[string]struct{}{},
+		hashes:  map[string]int64{},
+	}
+}
+
+// record adds e unless its path was captured already (first capture wins).
+// It reports whether e added a body this snapshot did not refer to before.
+func (sn *snap) record(e Entry) (newBody bool) {
+	if _, dup := sn.has[e.Path]; dup {
+		return false
+	}
+	sn.has[e.Path] = struct{}{}
+	sn.entries = append(sn.entries, e)
+	sn.info.Paths = append(sn.info.Paths, e.Path)
+	if e.Kind != KindFile {
+		return false
+	}
+	if _, seen := sn.hashes[e.Hash]; seen {
+		return false
+	}
+	sn.hashes[e.Hash] = e.Size
+	sn.info.Bytes += e.Size
+	return true
+}
+
+// copyInfo returns the Info with its own Paths slice, so callers can keep it
+// while the snapshot grows.
+func (sn *snap) copyInfo() Info {
+	i := sn.info
+	i.Paths = make([]string, len(sn.info.Paths))
+	copy(i.Paths, sn.info.Paths)
+	return i
+}
+
+func (sn *snap) copyEntries() []Entry {
+	es := make([]Entry, len(sn.entries))
+	copy(es, sn.entries)
+	return es
+}
+
+// ref is one body referred to by at least one snapshot.
+type ref struct {
+	count int   // snapshots referring to it
+	size  int64 // counted in Store.total once, whatever count is
+}
+
+// Store keeps snapshots and their bodies in a directory. It is safe for
+// concurrent use; one mutex guards all in-memory state.
+type Store struct {
+	blobDir string
+	snapDir string
+	noSync  bool
+	byteCap int64 // <0: no cap
+
+	mu          sync.Mutex
+	order       []*snap          // by creation, oldest first
+	byScope     map[string]*snap // newest snapshot of each scope id
+	blobs       map[string]int64 // blobs on disk: hash -> size
+	refs        map[string]*ref  // blobs some snapshot refers to
+	pins        map[string]int   // hash -> PutBody results not yet passed to Add
+	total       int64            // sum of refs' sizes
+	lastCreated int64            // Created of the newest snapshot ever made or loaded
+}
+
+// Open opens the store in dir, creating dir/blobs and dir/snaps as needed.
+// It loads every manifest, truncating torn last lines away, and fails if
+// any manifest is damaged otherwise. Then it removes temp files and blobs no
+// manifest refers to, which a crash can leave behind.
+func Open(dir string, opts Options) (*Store, error) {
+	s := &Store{
+		blobDir: filepath.Join(dir, "blobs"),
+		snapDir: filepath.Join(dir, "snaps"),
+		noSync:  opts.NoSync,
+		byteCap: opts.ByteCap,
+		byScope: map[string]*snap{},
+		blobs:   map[string]int64{},
+		refs:    map[string]*ref{},
+		pins:    map[string]int{},
+	}
+	if s.byteCap == 0 {
+		s.byteCap = DefaultByteCap
+	}
+	for _, d := range []string{dir, s.blobDir, s.snapDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("snapshot: %w", err)
+		}
+	}
+	if err := s.loadManifests(); err != nil {
+		return nil, err
+	}
+	if err := s.scanBlobs(); err != nil {
+		return nil, err
+	}
+	// GC only now: every manifest loaded, so every reference is known.
+	if _, err := s.gcLocked(); err != nil {
+		return nil, fmt.Errorf("snapshot: removing unreferenced blobs: %w", err)
+	}
+	return s, nil
+}
+
+func (s *Store) loadManifests() error {
+	des, err := os.ReadDir(s.snapDir)
+	if err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	for _, de := range des {
+		name := de.Name()
+		p := filepath.Join(s.snapDir, name)
+		if strings.HasPrefix(name, tmpPrefix) {
+			if err := os.Remove(p); err != nil {
+				return fmt.Errorf("snapshot: removing temp file: %w", err)
+			}
+			continue
+		}
+		id, ok := strings.CutSuffix(name, ".jsonl")
+		if !ok || de.IsDir() {
+			continue // not ours
+		}
+		if err := ValidID(id); err != nil {
+			return fmt.Errorf("snapshot: manifest %s: file name is not a snapshot id", p)
+		}
+		sn, err := s.loadManifest(p, id)
+		if err != nil {
+			return err
+		}
+		s.order = append(s.order, sn)
+	}
+	sort.Slice(s.order, func(i, j int) bool {
+		a, b := s.order[i].info, s.order[j].info
+		if a.Created != b.Created {
+			return a.Created < b.Created
+		}
+		return a.ID < b.ID
+	})
+	for _, sn := range s.order {
+		s.byScope[sn.info.ScopeID] = sn // later (newer) ones win
+		for h, size := range sn.hashes {
+			s.addRef(h, size)
+		}
+		s.lastCreated = max(s.lastCreated, sn.info.Created)
+	}
+	return nil
+}
+
+func (s *Store) loadManifest(p, id string) (*snap, error) {
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	d, err := decodeManifest(data)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: manifest %s: %w", p, err)
+	}
+	if d.hdr.ID != id {
+		return nil, fmt.Errorf("snapshot: manifest %s: header id %q does not match the file name", p, d.hdr.ID)
+	}
+	if d.keep < len(data) {
+		// A torn last line: cut it away now, so the next append does not
+		// follow it and turn it into a bad middle line.
+		if err := s.truncate(p, int64(d.keep)); err != nil {
+			return nil, fmt.Errorf("snapshot: manifest %s: cutting torn last line: %w", p, err)
+		}
+	}
+	sn := newSnap(d.hdr)
+	for _, e := range d.entries {
+		sn.record(e)
+	}
+	sn.info.Closed = d.closed
+	sn.size = int64(d.keep)
+	return sn, nil
+}
+
+func (s *Store) truncate(p string, size int64) error {
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	err = f.Truncate(size)
+	if err == nil {
+		err = s.syncFile(f)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// scanBlobs fills s.blobs from the blob directory and removes temp files.
+func (s *Store) scanBlobs() error {
+	des, err := os.ReadDir(s.blobDir)
+	if err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	for _, de := range des {
+		name := de.Name()
+		if strings.HasPrefix(name, tmpPrefix) {
+			if err := os.Remove(filepath.Join(s.blobDir, name)); err != nil {
+				return fmt.Errorf("snapshot: removing temp file: %w", err)
+			}
+			continue
+		}
+		if !de.IsDir() || len(name) != 2 || !lowerHex(name) {
+			continue // not ours
+		}
+		fan := filepath.Join(s.blobDir, name)
+		files, err := os.ReadDir(fan)
+		if err != nil {
+			return fmt.Errorf("snapshot: %w", err)
+		}
+		for _, f := range files {
+			h := f.Name()
+			if !f.Type().IsRegular() || !validHash(h) || h[:2] != name {
+				continue // not ours
+			}
+			fi, err := f.Info()
+			if errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("snapshot: %w", err)
+			}
+			s.blobs[h] = fi.Size()
+		}
+	}
+	return nil
+}
+
+// Create starts a new open snapshot for scopeID. It fails with ErrExists if
+// an open snapshot with that scope id exists; a closed one is dropped first,
+// so a scope id names at most one snapshot.
+func (s *Store) Create(scopeID, turn string, pid int) (Info, error) {
+	if err := ValidScope(scopeID); err != nil {
+		return Info{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old := s.byScope[scopeID]; old != nil {
+		if !old.info.Closed {
+			return Info{}, fmt.Errorf("%w: %q", ErrExists, scopeID)
+		}
+		if err := s.dropScopeLocked(scopeID); err != nil {
+			return Info{}, err
+		}
+		if _, err := s.gcLocked(); err != nil {
+			return Info{}, err
+		}
+	}
+	// Created strictly increases so that creation order survives a reopen
+	// even for snapshots made within one clock tick.
+	created := max(time.Now().UnixNano(), s.lastCreated+1)
+	var rnd [4]byte
+	rand.Read(rnd[:]) // never fails (it crashes the program instead)
+	h := header{
+		ID:      fmt.Sprintf("%016x-%s", created, hex.EncodeToString(rnd[:])),
+		ScopeID: scopeID,
+		Turn:    turn,
+		Pid:     pid,
+		Created: created,
+	}
+	b, err := marshalLine(h)
+	if err != nil {
+		return Info{}, fmt.Errorf("snapshot: %w", err)
+	}
+	// The header is written whole under a temp name and renamed into place,
+	// so a manifest never exists without a complete header.
+	if err := s.writeAtomic(s.snapDir, s.manifestPath(h.ID), b); err != nil {
+		return Info{}, fmt.Errorf("snapshot: creating manifest: %w", err)
+	}
+	sn := newSnap(h)
+	sn.size = int64(len(b))
+	s.order = append(s.order, sn)
+	s.byScope[scopeID] = sn
+	s.lastCreated = created
+	return sn.copyInfo(), nil
+}
+
+func (s *Store) writeAtomic(dir, final string, data []byte) error {
+	f, err := os.CreateTemp(dir, tmpPrefix+"*")
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = s.syncFile(f)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), final)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return err
+	}
+	return s.syncDir(dir)
+}
+
+func (s *Store) manifestPath(id string) string {
+	return filepath.Join(s.snapDir, id+".jsonl")
+}
+
+// Lookup returns the newest snapshot with that scope id.
+func (s *Store) Lookup(scopeID string) (Info, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sn := s.byScope[scopeID]
+	if sn == nil {
+		return Info{}, false
+	}
+	return sn.copyInfo(), true
+}
+
+// Has reports whether path was captured already in the snapshot of scopeID.
+func (s *Store) Has(scopeID, path string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sn := s.byScope[scopeID]
+	if sn == nil {
+		return false
+	}
+	_, ok := sn.has[path]
+	return ok
+}
+
+// Add appends e to the snapshot's manifest and fsyncs it before returning.
+// Adding a path that was captured already is a no-op: the first capture is
+// the pre-image. The snapshot must be open, and a file entry's body must
+// have been stored with PutBody (its Size must match). A zero e.Time is set
+// to the current time.
+func (s *Store) Add(scopeID string, e Entry) error {
+	if err := checkEntry(&e); err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e.Kind == KindFile {
+		// Whatever happens below, the PutBody that produced this hash
+		// has been answered; from here on only references keep the blob.
+		s.unpin(e.Hash)
+	}
+	sn := s.byScope[scopeID]
+	if sn == nil {
+		return fmt.Errorf("%w: snapshot %q", ErrNotFound, scopeID)
+	}
+	if sn.info.Closed {
+		return fmt.Errorf("%w: %q", ErrClosed, scopeID)
+	}
+	if sn.broken != nil {
+		return sn.broken
+	}
+	if _, ok := sn.has[e.Path]; ok {
+		return nil
+	}
+	if e.Kind == KindFile {
+		size, ok := s.blobs[e.Hash]
+		if !ok {
+			return fmt.Errorf("%w: body %s", ErrNotFound, e.Hash)
+		}
+		if size != e.Size {
+			return fmt.Errorf("snapshot: entry %q: size %d, but body %s has %d bytes", e.Path, e.Size, e.Hash, size)
+		}
+	}
+	if e.Time == 0 {
+		e.Time = time.Now().UnixNano()
+	}
+	b, err := marshalLine(e)
+	if err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	if err := s.appendLine(sn, b); err != nil {
+		return err
+	}
+	if sn.record(e) {
+		s.addRef(e.Hash, e.Size)
+	}
+	return nil
+}
+
+// appendLine writes b at the end of sn's manifest and fsyncs it.
+func (s *Store) appendLine(sn *snap, b []byte) error {
+	p := s.manifestPath(sn.info.ID)
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	// Writing at the known end rather than with O_APPEND means that bytes a
+	// failed write left behind are overwritten by the next line.
+	if _, err := f.WriteAt(b, sn.size); err != nil {
+		// Cut back a partly written line so that no later line follows
+		// it. If that fails too, a later line could turn the torn one
+		// into a bad middle line, so refuse further lines.
+		if terr := f.Truncate(sn.size); terr != nil {
+			sn.broken = fmt.Errorf("snapshot: manifest %s is unusable after a failed write: %w", p, err)
+		}
+		f.Close()
+		return fmt.Errorf("snapshot: manifest %s: %w", p, err)
+	}
+	err = s.syncFile(f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		// After a failed fsync the page cache may not match the disk
+		// and a retry can report success for data that is gone.
+		sn.broken = fmt.Errorf("snapshot: manifest %s is unusable after a failed fsync: %w", p, err)
+		return sn.broken
+	}
+	sn.size += int64(len(b))
+	return nil
+}
+
+// CloseSnapshot marks the snapshot closed (durably), then evicts the oldest
+// closed snapshots while the bodies referenced exceed the byte cap. The
+// snapshot just closed counts as closed too: if the open snapshots and it
+// hold more than the cap, it is evicted as well. The returned Info is the
+// closed snapshot's, also when err reports a failed eviction (Info.Closed
+// is then true).
+func (s *Store) CloseSnapshot(scopeID string) (Info, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sn := s.byScope[scopeID]
+	if sn == nil {
+		return Info{}, fmt.Errorf("%w: snapshot %q", ErrNotFound, scopeID)
+	}
+	if sn.info.Closed {
+		return Info{}, fmt.Errorf("%w: %q", ErrClosed, scopeID)
+	}
+	if sn.broken != nil {
+		return Info{}, sn.broken
+	}
+	if err := s.appendLine(sn, closeMarker); err != nil {
+		return Info{}, err
+	}
+	sn.info.Closed = true
+	info := sn.copyInfo()
+	if err := s.enforceCapLocked(); err != nil {
+		return info, fmt.Errorf("snapshot: enforcing the byte cap: %w", err)
+	}
+	return info, nil
+}
+
+// enforceCapLocked drops whole closed snapshots, oldest first, until the
+// referenced bodies fit the cap or no closed snapshot is left.
+func (s *Store) enforceCapLocked() error {
+	if s.byteCap < 0 || s.total <= s.byteCap {
+		return nil
+	}
+	for s.total > s.byteCap {
+		var victim *snap
+		for _, sn := range s.order {
+			if sn.info.Closed {
+				victim = sn
+				break
+			}
+		}
+		if victim == nil {
+			break // only open snapshots left; they are never evicted
+		}
+		if err := s.dropLocked(victim); err != nil {
+			return err
+		}
+	}
+	_, err := s.gcLocked()
+	return err
+}
+
+// Entries returns the snapshot's entries in capture order.
+func (s *Store) Entries(scopeID string) ([]Entry, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sn := s.byScope[scopeID]
+	if sn == nil {
+		return nil, fmt.Errorf("%w: snapshot %q", ErrNotFound, scopeID)
+	}
+	return sn.copyEntries(), nil
+}
+
+// List returns every snapshot, oldest first.
+func (s *Store) List() []Info {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Info, 0, len(s.order))
+	for _, sn := range s.order {
+		out = append(out, sn.copyInfo())
+	}
+	return out
+}
+
+// OpenSnapshots returns the open snapshots, oldest first.
+func (s *Store) OpenSnapshots() []Info {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []Info{}
+	for _, sn := range s.order {
+		if !sn.info.Closed {
+			out = append(out, sn.copyInfo())
+		}
+	}
+	return out
+}
+
+// Drop removes every snapshot with that scope id (open or closed), then the
+// blobs no snapshot refers to any more.
+func (s *Store) Drop(scopeID string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.byScope[scopeID] == nil {
+		return fmt.Errorf("%w: snapshot %q", ErrNotFound, scopeID)
+	}
+	if err := s.dropScopeLocked(scopeID); err != nil {
+		return err
+	}
+	_, err := s.gcLocked()
+	return err
+}
+
+func (s *Store) dropScopeLocked(scopeID string) error {
+	// Iterate over a copy: dropLocked edits s.order.
+	for _, sn := range append([]*snap(nil), s.order...) {
+		if sn.info.ScopeID == scopeID {
+			if err := s.dropLocked(sn); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// dropLocked removes sn's manifest, then forgets sn. Its blobs stay until
+// the next GC.
+func (s *Store) dropLocked(sn *snap) error {
+	if err := os.Remove(s.manifestPath(sn.info.ID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	// Make the removal durable before any blob it referred to goes, so a
+	// crash can not leave a manifest whose bodies are missing.
+	if err := s.syncDir(s.snapDir); err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	for i, o := range s.order {
+		if o == sn {
+			s.order = append(s.order[:i], s.order[i+1:]...)
+			break
+		}
+	}
+	if s.byScope[sn.info.ScopeID] == sn {
+		delete(s.byScope, sn.info.ScopeID)
+		for i := len(s.order) - 1; i >= 0; i-- {
+			if s.order[i].info.ScopeID == sn.info.ScopeID {
+				s.byScope[sn.info.ScopeID] = s.order[i]
+				break
+			}
+		}
+	}
+	for h := range sn.hashes {
+		s.dropRef(h)
+	}
+	return nil
+}
+
+func (s *Store) addRef(h string, size int64) {
+	r := s.refs[h]
+	if r == nil {
+		r = &ref{size: size}
+		s.refs[h] = r
+		s.total += size
+	}
+	r.count++
+}
+
+func (s *Store) dropRef(h string) {
+	r := s.refs[h]
+	if r == nil {
+		return
+	}
+	r.count--
+	if r.count <= 0 {
+		delete(s.refs, h)
+		s.total -= r.size
+	}
+}
+
+// TotalBytes returns the sizes of the distinct blobs snapshots refer to.
+func (s *Store) TotalBytes() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.total
+}
+
+func (s *Store) syncFile(f *os.File) error {
+	if s.noSync {
+		return nil
+	}
+	return f.Sync()
+}
+
+func (s *Store) syncDir(dir string) error {
+	if s.noSync {
+		return nil
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
