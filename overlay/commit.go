@@ -49,7 +49,7 @@ func (c *conflictError) Error() string {
 // A commit interrupted by a crash is finished by Recover.
 func (e *Engine) Commit(paths []string, force bool, c Caller) CommitResult {
 	e.mu.Lock()
-	sel := e.selectLocked(paths, true)
+	sel := e.selectLocked(paths, true, commitAncestor)
 	e.mu.Unlock()
 	if len(sel) == 0 {
 		return CommitResult{}
@@ -84,8 +84,30 @@ func (e *Engine) commitLocked(sel []string, force bool) CommitResult {
 		}
 	}
 	sort.SliceStable(redirects, func(i, j int) bool { return depth(redirects[i]) < depth(redirects[j]) })
+	inSel := map[string]bool{}
+	for _, p := range sel {
+		inSel[p] = true
+	}
 	for _, p := range redirects {
+		// New directories the rename goes into must exist before it
+		// (step 3 applies them again, which changes nothing).
+		var up []string
+		for dir, _ := splitPath(p); dir != ""; dir, _ = splitPath(dir) {
+			if m := e.index[dir]; inSel[dir] && m != nil && m.Kind == KindDir && !m.Deleted && m.Redirect == "" {
+				up = append(up, dir)
+			}
+		}
+		for i := len(up) - 1; i >= 0; i-- {
+			r.do(up[i], r.applyDir)
+		}
+		src := e.index[p].Redirect
 		r.do(p, r.applyRedirect)
+		if w := e.index[src]; r.failed[p] && w != nil && w.Kind == KindWhiteout && !r.failed[src] {
+			// The whiteout at the source is the other half of the
+			// rename: deleting the source alone would lose the directory.
+			r.failed[src] = true
+			r.res.Failed = append(r.res.Failed, Failure{Path: src, Reason: "the directory rename to " + p + " was not committed"})
+		}
 	}
 	// 2. Deletions, deepest first.
 	var deletes, dirs, files []string
@@ -146,7 +168,10 @@ func depth(p string) int {
 // do runs one step for p unless an ancestor failed, and files the outcome.
 func (r *commitRun) do(p string, step func(string, *meta) error) {
 	m := r.e.index[p]
-	if m == nil {
+	if m == nil || r.failed[p] {
+		// Failed in an earlier step (a renamed directory is applied by
+		// two): a later step must not report it committed, or it
+		// would be dropped from the pending set.
 		return
 	}
 	for dir, _ := splitPath(p); ; dir, _ = splitPath(dir) {
@@ -525,7 +550,7 @@ func (e *Engine) dropCommitted(p string) {
 // returns the paths whose view changed.
 func (e *Engine) Discard(paths []string, c Caller) []string {
 	e.mu.Lock()
-	sel := e.selectLocked(paths, true)
+	sel := e.selectLocked(paths, true, discardAncestor)
 	// Deepest first, so a directory goes after its contents.
 	sort.SliceStable(sel, func(i, j int) bool { return depth(sel[i]) > depth(sel[j]) })
 	var done []string

@@ -85,8 +85,9 @@ func (e *Engine) finishUpper(fd int, st *syscall.Stat_t, m *meta) error {
 
 // copyUp gives the non-directory p an upper copy of its base entry, unless
 // it already has one. With noData (open with O_TRUNC) the body is not
-// copied: it is about to be emptied anyway.
-func (e *Engine) copyUp(p string, l loc, noData bool) (*meta, error) {
+// copied: it is about to be emptied anyway. c is recorded as the process
+// behind the change, for status.
+func (e *Engine) copyUp(p string, l loc, noData bool, c Caller) (*meta, error) {
 	if l.m != nil {
 		if l.deleted() {
 			return nil, syscall.ENOENT
@@ -110,7 +111,7 @@ func (e *Engine) copyUp(p string, l loc, noData bool) (*meta, error) {
 	if err := e.ensureUpperDir(dir); err != nil {
 		return nil, err
 	}
-	m := &meta{Ino: e.baseIno(st), Base: baselineOf(st), Time: time.Now().UnixNano()}
+	m := &meta{Ino: e.baseIno(st), Base: baselineOf(st), Pid: c.Pid, Time: time.Now().UnixNano()}
 	tmp := e.tmpName()
 	dst, err := unix.Openat(e.workFd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {
@@ -130,8 +131,9 @@ func (e *Engine) copyUp(p string, l loc, noData bool) (*meta, error) {
 			if err := e.copyBody(l.basePath, dst, st.Size); err != nil {
 				return nil, err
 			}
-			copyXattrs(e.base, l.basePath, dst)
 		}
+		// Also with noData: truncating a file keeps its xattrs.
+		copyXattrs(e.base, l.basePath, dst)
 	case syscall.S_IFLNK:
 		m.Kind = KindSymlink
 		target, err := e.base.readlink(l.basePath)

@@ -280,6 +280,9 @@ func (e *Engine) readMeta(p string, st *syscall.Stat_t) (*meta, error) {
 			return nil, err
 		}
 		m.uino = st.Ino
+		if m.Kind != KindDir && st.Nlink > 1 {
+			e.relinkBaseline(p, &m)
+		}
 		return &m, nil
 	}
 	if err != unix.ENODATA {
@@ -300,6 +303,26 @@ func (e *Engine) readMeta(p string, st *syscall.Stat_t) (*meta, error) {
 	}
 	e.logf("overlay: %s had no meta (interrupted operation); taken as %s", p, m.Kind)
 	return m, nil
+}
+
+// relinkBaseline fixes the baseline of one name of a hard-linked upper
+// file. The names share one inode, hence one meta, which holds the baseline
+// of the name it was last written for: a name whose base entry is not the
+// one that baseline describes gets what the base has there now (as for an
+// entry without meta). The parent directories are loaded already, so
+// locate finds the name's base path.
+func (e *Engine) relinkBaseline(p string, m *meta) {
+	var bst *syscall.Stat_t
+	if l, err := e.locate(p); err == nil {
+		bst = e.baseStat(l)
+	}
+	if m.Base.Exists && bst != nil && bst.Ino == m.Base.Ino {
+		return
+	}
+	m.Base = Baseline{}
+	if bst != nil {
+		m.Base = baselineOf(bst)
+	}
 }
 
 // setEntry puts m at p in the index.
@@ -431,9 +454,10 @@ func (e *Engine) locate(p string) (loc, error) {
 			return loc{}, syscall.ENOTDIR
 		}
 		if m.Opaque {
+			// Also when a redirect is kept (a renamed directory deleted
+			// and made again): its base contents stay hidden.
 			l.hasBase = false
-		}
-		if m.Redirect != "" {
+		} else if m.Redirect != "" {
 			basePath, l.hasBase = m.Redirect, true
 		}
 	}

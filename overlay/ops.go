@@ -49,6 +49,11 @@ func (e *Engine) Open(p string, flags int, c Caller) (*File, error) {
 		if err == nil && l.deleted() {
 			err = syscall.ENOENT
 		}
+		if err == nil && l.m != nil && l.m.Kind == KindSymlink {
+			// The upper file holds the link's target: never open it as
+			// the file (a base symlink fails the same way, O_NOFOLLOW).
+			err = syscall.ELOOP
+		}
 		var f *File
 		if err == nil {
 			f = &File{Gen: e.copyGen.Load()}
@@ -65,7 +70,7 @@ func (e *Engine) Open(p string, flags int, c Caller) (*File, error) {
 		return f, err
 	}
 	e.mu.Lock()
-	f, err := e.openWriteLocked(p, flags)
+	f, err := e.openWriteLocked(p, flags, c)
 	e.mu.Unlock()
 	if err != nil {
 		return nil, err
@@ -78,7 +83,7 @@ func (e *Engine) Open(p string, flags int, c Caller) (*File, error) {
 	return f, nil
 }
 
-func (e *Engine) openWriteLocked(p string, flags int) (*File, error) {
+func (e *Engine) openWriteLocked(p string, flags int, c Caller) (*File, error) {
 	l, err := e.locate(p)
 	if err != nil {
 		return nil, err
@@ -89,7 +94,11 @@ func (e *Engine) openWriteLocked(p string, flags int) (*File, error) {
 		f.Fd, err = e.base.open(p, openFlags(flags), 0)
 		return f, err
 	}
-	if _, err := e.copyUp(p, l, flags&unix.O_TRUNC != 0); err != nil {
+	if st, err := e.statLoc(p, l); err == nil && st.Mode&syscall.S_IFMT == syscall.S_IFLNK {
+		// Writing would replace the link's target (its upper body).
+		return nil, syscall.ELOOP
+	}
+	if _, err := e.copyUp(p, l, flags&unix.O_TRUNC != 0, c); err != nil {
 		return nil, err
 	}
 	if f.Fd, err = e.upper.open(p, openFlags(flags), 0); err != nil {
@@ -119,6 +128,20 @@ func (e *Engine) Release(p string, f *File, c Caller) {
 		e.mu.Unlock()
 	}
 	unix.Close(f.Fd)
+}
+
+// immediateHidden refuses in immediate mode, where operations go straight
+// to the workspace, what locate and prepareNew refuse in staged mode: a
+// hidden path does not exist (ENOENT) and cannot be created (EACCES).
+// Either argument may be "" (none).
+func (e *Engine) immediateHidden(existing, created string) error {
+	if e.isHidden(existing) {
+		return syscall.ENOENT
+	}
+	if e.isHidden(created) {
+		return syscall.EACCES
+	}
+	return nil
 }
 
 // parentIsDir checks that p's parent exists in the merged view as a
@@ -217,6 +240,16 @@ func (e *Engine) placeNew(p string, l loc, m *meta, build func(dirfd int, name s
 		e.upper.withParent(p, func(dirfd int, name string) error { return removeAllAt(dirfd, name) })
 	}
 	err = e.upper.withParent(p, func(dirfd int, name string) error {
+		if m.Kind == KindDir && l.m.Kind != KindDir {
+			// rename(2) cannot put a directory over the whiteout file:
+			// swap the two (still atomic), then drop the whiteout, now
+			// in work/.
+			if err := unix.Renameat2(e.workFd, tmp, dirfd, name, unix.RENAME_EXCHANGE); err != nil {
+				return err
+			}
+			unix.Unlinkat(e.workFd, tmp, 0)
+			return nil
+		}
 		return unix.Renameat(e.workFd, tmp, dirfd, name)
 	})
 	if err != nil {
@@ -276,6 +309,9 @@ func (e *Engine) Create(p string, flags int, mode uint32, c Caller) (*File, *sys
 
 func (e *Engine) createLocked(p string, flags int, mode uint32, c Caller) (*File, *syscall.Stat_t, bool, error) {
 	if e.mode == Immediate {
+		if err := e.immediateHidden("", p); err != nil {
+			return nil, nil, false, err
+		}
 		fd, err := e.base.open(p, flags|unix.O_CREAT, mode&0o7777)
 		if err != nil {
 			return nil, nil, false, err
@@ -289,7 +325,7 @@ func (e *Engine) createLocked(p string, flags int, mode uint32, c Caller) (*File
 		if flags&unix.O_EXCL != 0 {
 			return nil, nil, false, err
 		}
-		f, err := e.openWriteLocked(p, flags)
+		f, err := e.openWriteLocked(p, flags, c)
 		if err != nil {
 			return nil, nil, false, err
 		}
@@ -347,6 +383,9 @@ func (e *Engine) Mkdir(p string, mode uint32, c Caller) (*syscall.Stat_t, error)
 
 func (e *Engine) mkdirLocked(p string, mode uint32, c Caller) (*syscall.Stat_t, error) {
 	if e.mode == Immediate {
+		if err := e.immediateHidden("", p); err != nil {
+			return nil, err
+		}
 		err := e.base.withParent(p, func(dirfd int, name string) error {
 			if err := unix.Mkdirat(dirfd, name, mode&0o7777); err != nil {
 				return err
@@ -418,6 +457,9 @@ func (e *Engine) Symlink(target, p string, c Caller) (*syscall.Stat_t, error) {
 
 func (e *Engine) symlinkLocked(target, p string, c Caller) (*syscall.Stat_t, error) {
 	if e.mode == Immediate {
+		if err := e.immediateHidden("", p); err != nil {
+			return nil, err
+		}
 		err := e.base.withParent(p, func(dirfd int, name string) error {
 			if err := unix.Symlinkat(target, dirfd, name); err != nil {
 				return err
@@ -468,6 +510,9 @@ func (e *Engine) Mknod(p string, mode uint32, rdev uint64, c Caller) (*syscall.S
 
 func (e *Engine) mknodLocked(p string, mode uint32, rdev uint64, c Caller) (*syscall.Stat_t, error) {
 	if e.mode == Immediate {
+		if err := e.immediateHidden("", p); err != nil {
+			return nil, err
+		}
 		err := e.base.withParent(p, func(dirfd int, name string) error {
 			if err := unix.Mknodat(dirfd, name, mode, int(rdev)); err != nil {
 				return err
@@ -520,6 +565,9 @@ func (e *Engine) Link(oldp, newp string, c Caller) (*syscall.Stat_t, error) {
 
 func (e *Engine) linkLocked(oldp, newp string, c Caller) (*syscall.Stat_t, error) {
 	if e.mode == Immediate {
+		if err := e.immediateHidden(oldp, newp); err != nil {
+			return nil, err
+		}
 		err := e.base.withParent(oldp, func(odir int, oname string) error {
 			return e.base.withParent(newp, func(ndir int, nname string) error {
 				return unix.Linkat(odir, oname, ndir, nname, 0)
@@ -545,7 +593,7 @@ func (e *Engine) linkLocked(oldp, newp string, c Caller) (*syscall.Stat_t, error
 	if err != nil {
 		return nil, err
 	}
-	om, err := e.copyUp(oldp, ol, false)
+	om, err := e.copyUp(oldp, ol, false, c)
 	if err != nil {
 		return nil, err
 	}
@@ -631,8 +679,14 @@ func (e *Engine) readDirLocked(p string) ([]Dirent, error) {
 		return nil, syscall.ENOTDIR
 	}
 	var out []Dirent
-	if l.hasBase && (l.m == nil || !l.m.Opaque) {
-		if fd, err := e.base.openDirRead(l.basePath); err == nil {
+	hasBase, basePath := l.hasBase, l.basePath
+	if l.m != nil && l.m.Redirect != "" {
+		// A renamed directory lists the base directory it came from
+		// (locate applies a redirect only to the paths below it).
+		hasBase, basePath = true, l.m.Redirect
+	}
+	if hasBase && (l.m == nil || !l.m.Opaque) {
+		if fd, err := e.base.openDirRead(basePath); err == nil {
 			ents, err := readDirents(fd)
 			unix.Close(fd)
 			if err != nil {
@@ -763,6 +817,9 @@ func (e *Engine) Unlink(p string, c Caller) error {
 
 func (e *Engine) unlinkLocked(p string, c Caller) error {
 	if e.mode == Immediate {
+		if err := e.immediateHidden(p, ""); err != nil {
+			return err
+		}
 		return e.base.withParent(p, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, 0) })
 	}
 	l, err := e.locate(p)
@@ -834,6 +891,9 @@ func (e *Engine) rmdirLocked(p string, c Caller) error {
 		return syscall.EBUSY
 	}
 	if e.mode == Immediate {
+		if err := e.immediateHidden(p, ""); err != nil {
+			return err
+		}
 		return e.base.withParent(p, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR) })
 	}
 	l, err := e.locate(p)
@@ -902,6 +962,9 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 		return syscall.EINVAL
 	}
 	if e.mode == Immediate {
+		if err := e.immediateHidden(oldp, newp); err != nil {
+			return err
+		}
 		return e.base.withParent(oldp, func(odir int, oname string) error {
 			return e.base.withParent(newp, func(ndir int, nname string) error {
 				return unix.Renameat2(odir, oname, ndir, nname, uint(flags))
@@ -946,6 +1009,13 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 			return nil
 		}
 	}
+	if nl.m != nil && nl.m.Kind == KindDir && e.hasWhiteoutsBelow(newp) {
+		// A directory in the way holds the deletions of base entries
+		// (rm -rf d; mv x d): the moved entry would replace them, and
+		// commit could not empty the workspace's d. EXDEV, as overlayfs
+		// answers for renames it cannot do, makes mv copy instead.
+		return syscall.EXDEV
+	}
 	// What the base had at newp: the moved entry's new baseline.
 	var newBase Baseline
 	if nl.m != nil {
@@ -961,7 +1031,7 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 		oldBase = baselineOf(bst)
 	}
 	// The moved entry needs an upper copy at oldp.
-	om, err := e.copyUp(oldp, ol, false)
+	om, err := e.copyUp(oldp, ol, false, c)
 	if err != nil {
 		return err
 	}
@@ -981,13 +1051,19 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 	nm.Base = newBase
 	nm.Pid, nm.Time = c.Pid, time.Now().UnixNano()
 	if nm.Kind == KindDir {
-		nm.Container = false
+		// Container is left alone when a redirect is set (a redirect is a
+		// change by itself), so a directory moved back where the base
+		// has it is a plain container again unless it was changed.
 		if nm.Redirect == "" && !nm.Opaque && ol.hasBase && oldBaseHas {
 			nm.Redirect = ol.basePath
 		}
 		if nm.Redirect == "" {
 			// Nothing of the base shows through the moved directory.
-			nm.Opaque = true
+			nm.Opaque, nm.Container = true, false
+		} else if nl.hasBase && nm.Redirect == nl.basePath {
+			// Back where the base has it: no longer a rename (else
+			// status, diff and commit would treat it as one).
+			nm.Redirect = ""
 		}
 	}
 	if err := e.writeMeta(oldp, &nm); err != nil {
@@ -995,6 +1071,17 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 	}
 	err = e.upper.withParent(oldp, func(odir int, oname string) error {
 		return e.upper.withParent(newp, func(ndir int, nname string) error {
+			if nm.Kind == KindDir && nl.m != nil && nl.m.Kind != KindDir {
+				// rename(2) cannot put a directory over the whiteout
+				// file at newp: swap the two, then drop the whiteout,
+				// now at oldp (whiteoutAt below puts the right one
+				// there when one is needed).
+				if err := unix.Renameat2(odir, oname, ndir, nname, unix.RENAME_EXCHANGE); err != nil {
+					return err
+				}
+				unix.Unlinkat(odir, oname, 0)
+				return nil
+			}
 			return unix.Renameat(odir, oname, ndir, nname)
 		})
 	})
@@ -1011,6 +1098,16 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 		}
 	} else {
 		e.pruneContainers(oldp)
+	}
+	if !nm.isChange() && len(e.children[newp]) == 0 {
+		// A directory moved back with nothing staged inside: nothing of
+		// it needs to stay in the pending set.
+		if e.upper.withParent(newp, func(dirfd int, name string) error {
+			return unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
+		}) == nil {
+			e.dropEntry(newp)
+			e.pruneContainers(newp)
+		}
 	}
 	return nil
 }
@@ -1029,7 +1126,7 @@ type SetAttr struct {
 // open for writing on p (used for truncation so it works on unlinked files).
 func (e *Engine) Setattr(p string, fd int, a SetAttr, c Caller) (*syscall.Stat_t, error) {
 	e.mu.Lock()
-	st, err := e.setattrLocked(p, fd, a)
+	st, err := e.setattrLocked(p, fd, a, c)
 	e.mu.Unlock()
 	if err == nil {
 		op := "setattr"
@@ -1042,23 +1139,42 @@ func (e *Engine) Setattr(p string, fd int, a SetAttr, c Caller) (*syscall.Stat_t
 	return st, err
 }
 
-func (e *Engine) setattrLocked(p string, fd int, a SetAttr) (*syscall.Stat_t, error) {
+func (e *Engine) setattrLocked(p string, fd int, a SetAttr, c Caller) (*syscall.Stat_t, error) {
 	var lyr layer
 	var rel string
 	var m *meta
 	if e.mode == Immediate {
+		if err := e.immediateHidden(p, ""); err != nil {
+			return nil, err
+		}
 		lyr, rel = e.base, p
 	} else {
 		l, err := e.locate(p)
 		if err != nil {
 			return nil, err
 		}
-		if m, err = e.copyUp(p, l, a.Size != nil && *a.Size == 0); err != nil {
+		if a.Size != nil {
+			// Only regular files have a size to change; a staged
+			// symlink's body is its target. Checked before the copy-up,
+			// so a refused call stages nothing.
+			st, err := e.statLoc(p, l)
+			if err != nil {
+				return nil, err
+			}
+			switch st.Mode & syscall.S_IFMT {
+			case syscall.S_IFREG:
+			case syscall.S_IFDIR:
+				return nil, syscall.EISDIR
+			default:
+				return nil, syscall.EINVAL
+			}
+		}
+		if m, err = e.copyUp(p, l, a.Size != nil && *a.Size == 0, c); err != nil {
 			return nil, err
 		}
 		if m.Kind == KindDir && m.Container {
 			nm := *m
-			nm.Container = false
+			nm.Container, nm.Pid = false, c.Pid
 			if err := e.writeMeta(p, &nm); err != nil {
 				return nil, err
 			}
@@ -1232,13 +1348,16 @@ func (e *Engine) changeXattr(p, attr string, c Caller, op string, fn func(layer,
 	e.mu.Lock()
 	err := func() error {
 		if e.mode == Immediate {
+			if err := e.immediateHidden(p, ""); err != nil {
+				return err
+			}
 			return fn(e.base, p)
 		}
 		l, err := e.locate(p)
 		if err != nil {
 			return err
 		}
-		m, err := e.copyUp(p, l, false)
+		m, err := e.copyUp(p, l, false, c)
 		if err != nil {
 			return err
 		}
@@ -1247,7 +1366,7 @@ func (e *Engine) changeXattr(p, attr string, c Caller, op string, fn func(layer,
 		}
 		if m.Kind == KindDir && m.Container {
 			nm := *m
-			nm.Container = false
+			nm.Container, nm.Pid = false, c.Pid
 			if err := e.writeMeta(p, &nm); err != nil {
 				return err
 			}

@@ -48,7 +48,7 @@ func (e *Engine) Pending(paths []string) []Change {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	var out []Change
-	for _, p := range e.selectLocked(paths, false) {
+	for _, p := range e.selectLocked(paths, false, nil) {
 		m := e.index[p]
 		kind, from := m.changeKind()
 		ch := Change{Path: p, Kind: kind, From: from, Time: time.Unix(0, m.Time), Pid: m.Pid}
@@ -72,8 +72,9 @@ func (e *Engine) PendingCount() int {
 // selectLocked returns the changed entries at or below paths (all when
 // paths is empty), sorted. With partners, a renamed directory brings the
 // whiteout at its source and the reverse, since one without the other would
-// lose or duplicate the directory.
-func (e *Engine) selectLocked(paths []string, partners bool) []string {
+// lose or duplicate the directory. Ancestors of a selected entry for which
+// ancestor returns true come along too (nil: none).
+func (e *Engine) selectLocked(paths []string, partners bool, ancestor func(*meta) bool) []string {
 	set := map[string]bool{}
 	if len(paths) == 0 {
 		for p, m := range e.index {
@@ -86,6 +87,9 @@ func (e *Engine) selectLocked(paths []string, partners bool) []string {
 			e.collect(q, set)
 		}
 	}
+	// Before the partners, so an ancestor's partner comes along, and
+	// after, for the ancestors of a partner.
+	e.addAncestors(set, ancestor)
 	if partners {
 		for p := range set {
 			m := e.index[p]
@@ -102,16 +106,8 @@ func (e *Engine) selectLocked(paths []string, partners bool) []string {
 				}
 			}
 		}
-		// Changed ancestors (a new, renamed or recreated directory) must
-		// go with what is below them.
-		for p := range set {
-			for dir, _ := splitPath(p); dir != ""; dir, _ = splitPath(dir) {
-				if m := e.index[dir]; m != nil && m.isChange() {
-					set[dir] = true
-				}
-			}
-		}
 	}
+	e.addAncestors(set, ancestor)
 	out := make([]string, 0, len(set))
 	for p := range set {
 		out = append(out, p)
@@ -119,6 +115,29 @@ func (e *Engine) selectLocked(paths []string, partners bool) []string {
 	sort.Strings(out)
 	return out
 }
+
+// addAncestors adds to set the ancestors of its entries that are changes
+// and for which want returns true.
+func (e *Engine) addAncestors(set map[string]bool, want func(*meta) bool) {
+	if want == nil {
+		return
+	}
+	for p := range set {
+		for dir, _ := splitPath(p); dir != ""; dir, _ = splitPath(dir) {
+			if m := e.index[dir]; m != nil && m.isChange() && want(m) {
+				set[dir] = true
+			}
+		}
+	}
+}
+
+// commitAncestor: a new, renamed or recreated directory must be committed
+// with what is below it.
+func commitAncestor(*meta) bool { return true }
+
+// discardAncestor: what is discarded below a deleted directory can only
+// show again if the directory does; other changed directories stay.
+func discardAncestor(m *meta) bool { return m.Deleted }
 
 // collect adds the changes at or below q to set.
 func (e *Engine) collect(q string, set map[string]bool) {

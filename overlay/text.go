@@ -73,7 +73,7 @@ func (e *Engine) Diff(paths []string) ([]unidiff.FileChange, error) {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	var out []unidiff.FileChange
-	for _, p := range e.selectLocked(paths, false) {
+	for _, p := range e.selectLocked(paths, false, nil) {
 		m := e.index[p]
 		switch {
 		case m.Kind == KindFile || m.Kind == KindSymlink:

@@ -1,0 +1,367 @@
+package overlay_test
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"stagefs/overlay"
+)
+
+// rm -rf d; mv x d: the rename would drop the whiteouts that make d empty,
+// and the commit could not apply it. It is refused with EXDEV, so mv falls
+// back to copy and delete, which works.
+func TestRenameOntoDeletedDirIsEXDEV(t *testing.T) {
+	h := newHarness(t)
+	h.baseFile("dist/old.js", "old")
+	h.baseFile("tmp/new.js", "new")
+	h.baseFile("f", "file")
+	ws := h.wsSnapshot()
+	h.unlink("dist/old.js")
+	h.rmdir("dist")
+	require.ErrorIs(t, h.e.Rename("tmp", "dist", 0, caller), syscall.EXDEV)
+	require.ErrorIs(t, h.e.Rename("f", "dist", 0, caller), syscall.EXDEV)
+	require.Equal(t, "new", h.read("tmp/new.js"), "a refused rename changes nothing")
+	require.Equal(t, "file", h.read("f"))
+	require.Equal(t, []string{"deleted dist", "deleted dist/old.js"}, h.pending())
+
+	// What mv does on EXDEV.
+	h.mkdir("dist")
+	h.create("dist/new.js", h.read("tmp/new.js"))
+	h.unlink("tmp/new.js")
+	h.rmdir("tmp")
+	require.Equal(t, ws, h.wsSnapshot())
+	h.commitAll()
+	require.Equal(t, map[string]string{
+		"dist": "dir 755", "dist/new.js": "file 644 \"new\"", "f": "file 644 \"file\"",
+	}, h.wsSnapshot())
+}
+
+func TestRenameOntoEmptiedBaseDirIsEXDEV(t *testing.T) {
+	// The directory in the way is empty only because its base entries are
+	// deleted in the pending set.
+	h := newHarness(t)
+	h.baseFile("dst/gone", "g")
+	h.baseFile("src/a", "a")
+	h.unlink("dst/gone")
+	require.Equal(t, []string{}, h.names("dst"))
+	require.ErrorIs(t, h.e.Rename("src", "dst", 0, caller), syscall.EXDEV)
+	h.commitAll()
+}
+
+func TestFailedDirRenameStaysPending(t *testing.T) {
+	h := newHarness(t)
+	h.baseFile("a/x", "x")
+	h.rename("a", "b")
+	h.overwrite("b/x", "x2")
+	pending := h.pending()
+	require.Equal(t, []string{"deleted a", "renamed b<-a", "modified b/x"}, pending)
+
+	// Meanwhile the user makes b in the workspace.
+	h.baseFile("b/theirs", "t")
+	res := h.e.Commit(nil, false, caller)
+	require.Empty(t, res.Committed, "nothing of the rename may be reported committed")
+	require.NotEmpty(t, res.Conflicts)
+	require.Equal(t, pending, h.pending(), "the rename stays pending")
+	require.Equal(t, "x", h.baseRead("a/x"), "the source is not deleted")
+	require.Equal(t, "t", h.baseRead("b/theirs"))
+	require.Equal(t, "x2", h.read("b/x"))
+	h.requireMissing("a")
+
+	// The user removes their b: now it commits.
+	require.NoError(t, os.RemoveAll(h.wsPath("b")))
+	h.commitAll()
+	require.Equal(t, "x2", h.baseRead("b/x"))
+}
+
+func TestDiscardChildKeepsSiblings(t *testing.T) {
+	h := newHarness(t)
+	h.mkdir("n")
+	h.create("n/a", "a")
+	h.create("n/b", "b")
+	done := h.e.Discard([]string{"n/a"}, caller)
+	require.Equal(t, []string{"n/a"}, done)
+	require.Equal(t, []string{"b"}, h.names("n"))
+	require.Equal(t, []string{"mkdir n", "created n/b"}, h.pending())
+	h.commitAll()
+}
+
+func TestDiscardChildOfRenamedDir(t *testing.T) {
+	h := newHarness(t)
+	h.baseFile("a/x", "x")
+	h.baseFile("a/y", "y")
+	h.rename("a", "b")
+	h.overwrite("b/x", "x2")
+	h.overwrite("b/y", "y2")
+	done := h.e.Discard([]string{"b/x"}, caller)
+	require.Equal(t, []string{"b/x"}, done)
+	require.Equal(t, "x", h.read("b/x"), "back to the base content, still renamed")
+	require.Equal(t, "y2", h.read("b/y"), "the sibling's edit is kept")
+	require.Equal(t, []string{"deleted a", "renamed b<-a", "modified b/y"}, h.pending())
+	h.commitAll()
+}
+
+func TestDiscardChildOfDeletedDir(t *testing.T) {
+	// A file cannot come back while its directory stays deleted: the
+	// directory (and so all of it) comes back.
+	h := newHarness(t)
+	h.baseFile("d/a", "a")
+	h.baseFile("d/b", "b")
+	ws := h.wsSnapshot()
+	h.unlink("d/a")
+	h.unlink("d/b")
+	h.rmdir("d")
+	done := h.e.Discard([]string{"d/a"}, caller)
+	require.Contains(t, done, "d")
+	require.Equal(t, []string{"a", "b"}, h.names("d"))
+	require.Empty(t, h.pending())
+	require.Empty(t, h.upperEntries())
+	require.Equal(t, ws, h.view())
+}
+
+func TestCommitChildOfRenamedDir(t *testing.T) {
+	h := newHarness(t)
+	h.baseFile("a/x", "x")
+	h.baseFile("a/y", "y")
+	h.rename("a", "b")
+	h.overwrite("b/x", "x2")
+	h.overwrite("b/y", "y2")
+	res := h.commit("b/x")
+	require.Equal(t, []string{"a", "b", "b/x"}, res.Committed, "the rename (both halves) comes along")
+	require.Equal(t, []string{"modified b/y"}, h.pending())
+	require.Equal(t, map[string]string{
+		"b": "dir 755", "b/x": "file 644 \"x2\"", "b/y": "file 644 \"y\"",
+	}, h.wsSnapshot())
+	h.restart()
+	require.Equal(t, "y2", h.read("b/y"))
+	h.commitAll()
+}
+
+func TestRecreatedRenamedDirHidesBase(t *testing.T) {
+	h := newHarness(t)
+	h.baseFile("a/x", "x")
+	h.rename("a", "b")
+	h.unlink("b/x")
+	h.rmdir("b")
+	h.mkdir("b")
+	require.Equal(t, []string{}, h.names("b"))
+	h.requireMissing("b/x")
+	// Something appearing later in the base directory does not show
+	// through the recreated one, neither listed nor looked up.
+	h.baseFile("a/late", "late")
+	require.Equal(t, []string{}, h.names("b"))
+	h.requireMissing("b/late")
+	h.create("b/late", "mine")
+	require.Equal(t, "mine", h.read("b/late"))
+}
+
+func TestRenameIntoAndOutOfNewDir(t *testing.T) {
+	h := newHarness(t)
+	h.baseFile("a.txt", "a")
+	h.baseFile("olddir/f", "f")
+	h.mkdir("n")
+	h.rename("a.txt", "n/a.txt")
+	h.rename("olddir", "n/moved")
+	require.Equal(t, []string{"a.txt", "moved"}, h.names("n"))
+	require.Equal(t, "f", h.read("n/moved/f"))
+	require.Equal(t, []string{"n"}, h.names(""))
+	// Committing the source whiteout alone brings the rename and its new
+	// parent along.
+	res := h.commit("olddir")
+	require.Equal(t, []string{"n", "n/moved", "olddir"}, res.Committed)
+	require.Equal(t, "f", h.baseRead("n/moved/f"))
+	h.commitAll()
+}
+
+func TestHardLinkRenameRestart(t *testing.T) {
+	// Hard links share one upper inode, hence one meta: each name must
+	// keep its own baseline across a restart.
+	h := newHarness(t)
+	h.baseFile("a", "A")
+	_, err := h.e.Link("a", "b", caller)
+	require.NoError(t, err)
+	h.rename("b", "c")
+	_, err = h.e.Link("a", "d", caller)
+	require.NoError(t, err)
+	pending := h.pending()
+	require.Equal(t, []string{"modified a", "created c", "created d"}, pending)
+	h.restart()
+	require.Equal(t, pending, h.pending())
+	require.Equal(t, h.stat("a").Ino, h.stat("c").Ino)
+	require.EqualValues(t, 3, h.stat("d").Nlink)
+	h.commitAll()
+	require.Equal(t, h.baseIno("a"), h.baseIno("d"))
+}
+
+func TestMknodFifo(t *testing.T) {
+	h := newHarness(t)
+	ws := h.wsSnapshot()
+	st, err := h.e.Mknod("fifo", syscall.S_IFIFO|0o640, 0, caller)
+	require.NoError(t, err)
+	require.Equal(t, uint32(syscall.S_IFIFO|0o640), st.Mode)
+	st = h.stat("fifo")
+	require.Equal(t, uint32(syscall.S_IFIFO|0o640), st.Mode)
+	ents, err := h.e.ReadDir("")
+	require.NoError(t, err)
+	require.Equal(t, []overlay.Dirent{{Name: "fifo", Mode: syscall.S_IFIFO, Ino: st.Ino}}, ents)
+	mode := uint32(0o600)
+	_, err = h.e.Setattr("fifo", -1, overlay.SetAttr{Mode: &mode}, caller)
+	require.NoError(t, err)
+	require.Equal(t, uint32(syscall.S_IFIFO|0o600), h.stat("fifo").Mode)
+	require.ErrorIs(t, h.e.Setxattr("fifo", "user.x", []byte("1"), 0, caller), syscall.EPERM)
+	require.Equal(t, ws, h.wsSnapshot())
+	require.Equal(t, []string{"special fifo"}, h.pending())
+
+	h.restart()
+	require.Equal(t, uint32(syscall.S_IFIFO|0o600), h.stat("fifo").Mode)
+	h.commit()
+	var bst unix.Stat_t
+	require.NoError(t, unix.Lstat(h.wsPath("fifo"), &bst))
+	require.Equal(t, uint32(syscall.S_IFIFO|0o600), bst.Mode)
+	require.Empty(t, h.upperEntries())
+}
+
+func TestRecoverIsIdempotent(t *testing.T) {
+	h := newHarness(t)
+	h.baseFile("a", "a")
+	h.create("n", "n")
+	h.overwrite("a", "a2")
+	// Recover with nothing unfinished does nothing.
+	require.Empty(t, h.e.Recover(nil).Committed)
+	res := h.e.Recover([]string{"a", "n"})
+	require.Empty(t, res.Conflicts)
+	require.Equal(t, []string{"a", "n"}, res.Committed)
+	require.Equal(t, "a2", h.baseRead("a"))
+	require.Empty(t, h.pending())
+}
+
+func TestCommitAlreadyAppliedByHand(t *testing.T) {
+	// The same change made in the workspace is not a conflict (a commit
+	// interrupted after writing the file looks like this).
+	h := newHarness(t)
+	h.baseFile("a", "old")
+	h.overwrite("a", "new")
+	require.NoError(t, os.WriteFile(h.wsPath("a"), []byte("new"), 0o644))
+	res := h.commit()
+	require.Equal(t, []string{"a"}, res.Committed)
+	require.Empty(t, h.upperEntries())
+}
+
+func TestConcurrentOperations(t *testing.T) {
+	// Run with -race: namespace changes, reads and listings from many
+	// goroutines at once.
+	h := newHarness(t)
+	h.baseDir("shared")
+	for i := range 8 {
+		h.baseFile(fmt.Sprintf("shared/base%d", i), "b")
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dir := fmt.Sprintf("g%d", g)
+			if _, err := h.e.Mkdir(dir, 0o755, caller); err != nil {
+				errs <- err
+				return
+			}
+			for i := range 10 {
+				p := fmt.Sprintf("%s/f%d", dir, i)
+				if err := h.e.WriteFile(p, []byte(p), caller); err != nil {
+					errs <- err
+					return
+				}
+				if _, err := h.e.ReadDir("shared"); err != nil {
+					errs <- err
+					return
+				}
+				if _, err := h.e.Stat(p); err != nil {
+					errs <- err
+					return
+				}
+				h.e.Pending(nil)
+			}
+			base := fmt.Sprintf("shared/base%d", g)
+			if err := h.e.WriteFile(base, []byte("edited"), caller); err != nil {
+				errs <- err
+				return
+			}
+			if err := h.e.Rename(base, fmt.Sprintf("%s/moved", dir), 0, caller); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Equal(t, []string{}, h.names("shared"))
+	require.Len(t, h.names("g3"), 11)
+	h.commitAll()
+}
+
+func TestPendingNamesTheProcess(t *testing.T) {
+	// Every change, copy-ups included, records the process behind it.
+	h := newHarness(t)
+	h.baseFile("copied", "c")
+	h.baseFile("chmodded", "c")
+	h.baseFile("xattred", "c")
+	h.baseFile("truncated", "c")
+	h.baseFile("linked", "c")
+	h.baseDir("dir")
+	pid := func(n int) overlay.Caller { return overlay.Caller{Pid: n} }
+	f, err := h.e.Open("copied", unix.O_WRONLY|unix.O_APPEND, pid(101))
+	require.NoError(t, err)
+	h.e.Release("copied", f, pid(101))
+	mode := uint32(0o600)
+	_, err = h.e.Setattr("chmodded", -1, overlay.SetAttr{Mode: &mode}, pid(102))
+	require.NoError(t, err)
+	require.NoError(t, h.e.Setxattr("xattred", "user.a", []byte("1"), 0, pid(103)))
+	size := uint64(0)
+	_, err = h.e.Setattr("truncated", -1, overlay.SetAttr{Size: &size}, pid(104))
+	require.NoError(t, err)
+	_, err = h.e.Link("linked", "link2", pid(105))
+	require.NoError(t, err)
+	_, err = h.e.Setattr("dir", -1, overlay.SetAttr{Mode: &mode}, pid(106))
+	require.NoError(t, err)
+	f, _, err = h.e.Create("created", unix.O_WRONLY|unix.O_CREAT, 0o644, pid(107))
+	require.NoError(t, err)
+	h.e.Release("created", f, pid(107))
+
+	got := map[string]int{}
+	for _, c := range h.e.Pending(nil) {
+		got[c.Path] = c.Pid
+	}
+	require.Equal(t, map[string]int{
+		"copied": 101, "chmodded": 102, "xattred": 103, "truncated": 104,
+		"linked": 105, "link2": 105, "dir": 106, "created": 107,
+	}, got)
+	h.restart()
+	for _, c := range h.e.Pending(nil) {
+		require.Equal(t, got[c.Path], c.Pid, "%s after restart", c.Path)
+	}
+}
+
+func TestEditThenRenameDirThenRestart(t *testing.T) {
+	h := newHarness(t)
+	h.baseFile("a/f", "f")
+	h.baseFile("a/g", "g")
+	ws := h.wsSnapshot()
+	h.overwrite("a/f", "f2")
+	h.rename("a", "b")
+	require.Equal(t, "f2", h.read("b/f"))
+	require.Equal(t, "g", h.read("b/g"))
+	require.Equal(t, []string{"deleted a", "renamed b<-a", "modified b/f"}, h.pending())
+	require.Equal(t, ws, h.wsSnapshot())
+	h.restart()
+	require.Equal(t, []string{"f", "g"}, h.names("b"))
+	h.commitAll()
+	require.Equal(t, "f2", h.baseRead("b/f"))
+}
