@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"stagefs/snapshot"
 )
 
 // Mode says where writes go.
@@ -56,6 +58,9 @@ type Options struct {
 	Journal   Journal // nil: nothing is journaled (tests)
 	OnChange  func()  // called after the pending set changed; must not block
 	Logf      func(string, ...any)
+	// Snapshots is the content store pre-images are captured into; nil
+	// disables snapshots.
+	Snapshots *snapshot.Store
 	// Hidden are workspace-relative paths that the merged view never shows
 	// and that cannot be created through it (a state dir inside the
 	// workspace).
@@ -85,6 +90,10 @@ type Engine struct {
 	copyGen atomic.Uint64
 	tmpSeq  atomic.Uint64
 	comms   commCache
+
+	snaps     *snapshot.Store
+	openSnaps atomic.Int64 // open snapshots: capture is skipped cheaply when 0
+	procs     procTree
 }
 
 // New opens the workspace and the state dir and loads the pending set.
@@ -110,6 +119,9 @@ func New(opts Options) (*Engine, error) {
 	}
 	if e.logf == nil {
 		e.logf = func(string, ...any) {}
+	}
+	if e.snaps = opts.Snapshots; e.snaps != nil {
+		e.openSnaps.Store(int64(len(e.snaps.OpenSnapshots())))
 	}
 	var err error
 	if e.base.fd, err = unix.Open(opts.Workspace, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {

@@ -84,6 +84,9 @@ func (e *Engine) Open(p string, flags int, c Caller) (*File, error) {
 }
 
 func (e *Engine) openWriteLocked(p string, flags int, c Caller) (*File, error) {
+	if err := e.capture(c, p); err != nil {
+		return nil, err
+	}
 	l, err := e.locate(p)
 	if err != nil {
 		return nil, err
@@ -308,6 +311,9 @@ func (e *Engine) Create(p string, flags int, mode uint32, c Caller) (*File, *sys
 }
 
 func (e *Engine) createLocked(p string, flags int, mode uint32, c Caller) (*File, *syscall.Stat_t, bool, error) {
+	if err := e.capture(c, p); err != nil {
+		return nil, nil, false, err
+	}
 	if e.mode == Immediate {
 		if err := e.immediateHidden("", p); err != nil {
 			return nil, nil, false, err
@@ -382,6 +388,9 @@ func (e *Engine) Mkdir(p string, mode uint32, c Caller) (*syscall.Stat_t, error)
 }
 
 func (e *Engine) mkdirLocked(p string, mode uint32, c Caller) (*syscall.Stat_t, error) {
+	if err := e.capture(c, p); err != nil {
+		return nil, err
+	}
 	if e.mode == Immediate {
 		if err := e.immediateHidden("", p); err != nil {
 			return nil, err
@@ -456,6 +465,9 @@ func (e *Engine) Symlink(target, p string, c Caller) (*syscall.Stat_t, error) {
 }
 
 func (e *Engine) symlinkLocked(target, p string, c Caller) (*syscall.Stat_t, error) {
+	if err := e.capture(c, p); err != nil {
+		return nil, err
+	}
 	if e.mode == Immediate {
 		if err := e.immediateHidden("", p); err != nil {
 			return nil, err
@@ -509,6 +521,9 @@ func (e *Engine) Mknod(p string, mode uint32, rdev uint64, c Caller) (*syscall.S
 }
 
 func (e *Engine) mknodLocked(p string, mode uint32, rdev uint64, c Caller) (*syscall.Stat_t, error) {
+	if err := e.capture(c, p); err != nil {
+		return nil, err
+	}
 	if e.mode == Immediate {
 		if err := e.immediateHidden("", p); err != nil {
 			return nil, err
@@ -564,6 +579,9 @@ func (e *Engine) Link(oldp, newp string, c Caller) (*syscall.Stat_t, error) {
 }
 
 func (e *Engine) linkLocked(oldp, newp string, c Caller) (*syscall.Stat_t, error) {
+	if err := e.capture(c, newp); err != nil {
+		return nil, err
+	}
 	if e.mode == Immediate {
 		if err := e.immediateHidden(oldp, newp); err != nil {
 			return nil, err
@@ -816,6 +834,9 @@ func (e *Engine) Unlink(p string, c Caller) error {
 }
 
 func (e *Engine) unlinkLocked(p string, c Caller) error {
+	if err := e.capture(c, p); err != nil {
+		return err
+	}
 	if e.mode == Immediate {
 		if err := e.immediateHidden(p, ""); err != nil {
 			return err
@@ -887,6 +908,9 @@ func (e *Engine) Rmdir(p string, c Caller) error {
 }
 
 func (e *Engine) rmdirLocked(p string, c Caller) error {
+	if err := e.capture(c, p); err != nil {
+		return err
+	}
 	if p == "" {
 		return syscall.EBUSY
 	}
@@ -960,6 +984,9 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 	}
 	if oldp == "" || newp == "" || isUnder(newp, oldp) {
 		return syscall.EINVAL
+	}
+	if err := e.captureRename(c, oldp, newp); err != nil {
+		return err
 	}
 	if e.mode == Immediate {
 		if err := e.immediateHidden(oldp, newp); err != nil {
@@ -1140,6 +1167,9 @@ func (e *Engine) Setattr(p string, fd int, a SetAttr, c Caller) (*syscall.Stat_t
 }
 
 func (e *Engine) setattrLocked(p string, fd int, a SetAttr, c Caller) (*syscall.Stat_t, error) {
+	if err := e.capture(c, p); err != nil {
+		return nil, err
+	}
 	var lyr layer
 	var rel string
 	var m *meta
@@ -1347,6 +1377,9 @@ func (e *Engine) changeXattr(p, attr string, c Caller, op string, fn func(layer,
 	}
 	e.mu.Lock()
 	err := func() error {
+		if err := e.capture(c, p); err != nil {
+			return err
+		}
 		if e.mode == Immediate {
 			if err := e.immediateHidden(p, ""); err != nil {
 				return err

@@ -103,10 +103,10 @@ func newSnap(h header) *snap {
 // record adds e unless its path was captured already (first capture wins).
 // It reports whether e added a body this snapshot did not refer to before.
 func (sn *snap) record(e Entry) (newBody bool) {
-	if _, dup := sn.has[e.Path]; dup {
+	if _, dup := sn.has[entryKey(e)]; dup {
 		return false
 	}
-	sn.has[e.Path] = struct{}{}
+	sn.has[entryKey(e)] = struct{}{}
 	sn.entries = append(sn.entries, e)
 	sn.info.Paths = append(sn.info.Paths, e.Path)
 	if e.Kind != KindFile {
@@ -118,6 +118,16 @@ func (sn *snap) record(e Entry) (newBody bool) {
 	sn.hashes[e.Hash] = e.Size
 	sn.info.Bytes += e.Size
 	return true
+}
+
+// entryKey is what "first capture wins" compares: the path, except for a
+// directory move, which is recorded every time it happens (restore undoes
+// the moves in reverse order), and never hides the pre-image of its path.
+func entryKey(e Entry) string {
+	if e.Kind == KindMoved {
+		return "\x00moved\x00" + e.From + "\x00" + e.Path
+	}
+	return e.Path
 }
 
 // copyInfo returns the Info with its own Paths slice, so callers can keep it
@@ -446,7 +456,7 @@ func (s *Store) Add(scopeID string, e Entry) error {
 	if sn.broken != nil {
 		return sn.broken
 	}
-	if _, ok := sn.has[e.Path]; ok {
+	if _, ok := sn.has[entryKey(e)]; ok {
 		return nil
 	}
 	if e.Kind == KindFile {

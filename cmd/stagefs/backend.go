@@ -17,6 +17,7 @@ import (
 	"stagefs/internal/unidiff"
 	"stagefs/journal"
 	"stagefs/overlay"
+	"stagefs/snapshot"
 )
 
 // backend connects the control server to the engine. It is wiring only:
@@ -26,6 +27,7 @@ type backend struct {
 	eng       *overlay.Engine
 	fs        *fusefs.FS
 	journal   *journal.Journal
+	snaps     *snapshot.Store
 	ctl       *control.Server
 	sessionID string
 	started   time.Time
@@ -94,6 +96,7 @@ func (b *backend) Initialize(ctx context.Context) (control.InitializeResult, err
 		Capabilities: map[string]bool{
 			"staged": true, "immediate": true, "commitPaths": true, "discardPaths": true,
 			"diff": true, "readText": true, "safeTextPatch": true, "log": true, "events": true,
+			"snapshots": true, "restoreToolCall": true,
 		},
 	}, nil
 }

@@ -61,6 +61,12 @@ func init() {
 		{"events", "events: follow session/update events", runEvents},
 		{"read", "read PATH: print a file as the mount shows it, with its sha256", runRead},
 		{"patch", "patch PATH --expect SHA256 (--content-file F | --edit OLD=NEW): compare-and-swap write", runPatch},
+		{"snapshot", "snapshot SCOPE [PATH...] [--pid PID]: open a tool call's snapshot (capture now with PATHs)", runSnapshot},
+		{"close", "close SCOPE: close a snapshot; prints the captured paths", runClose},
+		{"restore", "restore SCOPE: put a tool call's pre-images back", runRestore},
+		{"snapshots", "snapshots: list snapshots, oldest first", runSnapshots},
+		{"drop", "drop SCOPE: delete a snapshot", runDrop},
+		{"exec", "exec --scope SCOPE [-C DIR] -- CMD [ARGS...]: run CMD in the mount as one tool call", runExec},
 	}
 }
 
@@ -102,6 +108,10 @@ func run(args []string) int {
 func exitCode(err error) int {
 	if err == nil {
 		return exitOK
+	}
+	var es *exitStatus
+	if errors.As(err, &es) {
+		return es.code
 	}
 	var ue *usageError
 	var ce *conflictError

@@ -28,6 +28,7 @@ type mountConfig struct {
 	foreground, debug            bool
 	readyFd                      int
 	timeout                      time.Duration
+	snapshotCap                  int64
 }
 
 func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
@@ -37,6 +38,7 @@ func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
 	fs.BoolVar(&cfg.foreground, "foreground", false, "stay attached; unmount on SIGINT/SIGTERM")
 	fs.BoolVar(&cfg.debug, "debug", false, "log every FUSE request")
 	fs.DurationVar(&cfg.timeout, "cache-timeout", time.Second, "how long the kernel caches names and attributes")
+	fs.Int64Var(&cfg.snapshotCap, "snapshot-cap", 1<<30, "bytes of snapshot pre-images kept; the oldest closed snapshots are evicted past it")
 	return fs
 }
 
@@ -168,7 +170,7 @@ func startBackground(cfg *mountConfig, args []string) error {
 	}
 	defer logf.Close()
 	dargs := []string{daemonCommand, "--ready-fd", "3", "--state", cfg.state, "--mode", cfg.mode,
-		"--cache-timeout", cfg.timeout.String()}
+		"--cache-timeout", cfg.timeout.String(), "--snapshot-cap", strconv.FormatInt(cfg.snapshotCap, 10)}
 	if cfg.debug {
 		dargs = append(dargs, "--debug")
 	}

@@ -16,6 +16,7 @@ import (
 	"stagefs/fusefs"
 	"stagefs/journal"
 	"stagefs/overlay"
+	"stagefs/snapshot"
 )
 
 func parseMode(s string) (overlay.Mode, error) { return overlay.ParseMode(s) }
@@ -52,6 +53,10 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 	if err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}
+	snaps, err := snapshot.Open(filepath.Join(cfg.state, "snapshots"), snapshot.Options{ByteCap: cfg.snapshotCap})
+	if err != nil {
+		return fmt.Errorf("snapshots: %w", err)
+	}
 	var hidden []string
 	if within(cfg.state, cfg.workspace) {
 		rel, _ := filepath.Rel(cfg.workspace, cfg.state)
@@ -66,12 +71,13 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		OnChange:  b.pendingChanged,
 		Logf:      logger.Printf,
 		Hidden:    hidden,
+		Snapshots: snaps,
 	})
 	if err != nil {
 		return err
 	}
 	defer eng.Close()
-	b.eng = eng
+	b.eng, b.snaps = eng, snaps
 	if len(unfinished) > 0 {
 		res := eng.Recover(unfinished)
 		logger.Printf("finished an interrupted commit: %d committed, %d conflicts, %d failed", len(res.Committed), len(res.Conflicts), len(res.Failed))
@@ -92,6 +98,7 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		return fmt.Errorf("control socket: %w", err)
 	}
 	ctl := control.NewServer(b, control.ServerOptions{Logf: logger.Printf})
+	b.registerSnapshots(ctl)
 	b.ctl = ctl
 	go ctl.Serve(l)
 	go b.publishLoop()

@@ -1,0 +1,208 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/spf13/pflag"
+
+	"stagefs/control"
+)
+
+func printSnapshot(verb string, s control.SnapshotInfo) {
+	state := "closed"
+	if s.Open {
+		state = "open"
+	}
+	fmt.Printf("%s %s (%s, %s, %d path(s), %s)\n", verb, s.ScopeID, s.SnapshotID, state, len(s.Paths), humanBytes(s.Bytes))
+	for _, p := range s.Paths {
+		fmt.Printf("  %s\n", p)
+	}
+}
+
+func runSnapshot(ctx context.Context, args []string) error {
+	var pid int
+	cf, rest, c, err := parseClient("snapshot", args, func(fs *pflag.FlagSet) {
+		fs.IntVar(&pid, "pid", 0, "capture only mutations by this process and its descendants")
+	})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if len(rest) < 1 {
+		return usagef("usage: stagefs snapshot SCOPE [PATH...] [--pid PID]")
+	}
+	res, err := c.Snapshot(ctx, control.SnapshotParams{ScopeID: rest[0], Paths: rest[1:], Pid: pid})
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		return printJSON(res)
+	}
+	printSnapshot("snapshot", res)
+	return nil
+}
+
+func scopeCommand(name string, args []string) (*clientFlags, string, *control.Client, error) {
+	cf, rest, c, err := parseClient(name, args, nil)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	if len(rest) != 1 {
+		c.Close()
+		return nil, "", nil, usagef("usage: stagefs %s SCOPE", name)
+	}
+	return cf, rest[0], c, nil
+}
+
+func runClose(ctx context.Context, args []string) error {
+	cf, scope, c, err := scopeCommand("close", args)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	res, err := c.CloseSnapshot(ctx, scope)
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		return printJSON(res)
+	}
+	printSnapshot("closed", res)
+	return nil
+}
+
+func runRestore(ctx context.Context, args []string) error {
+	cf, scope, c, err := scopeCommand("restore", args)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	res, err := c.Restore(ctx, scope)
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		if err := printJSON(res); err != nil {
+			return err
+		}
+	} else {
+		for _, p := range res.RestoredPaths {
+			fmt.Printf("restored  %s\n", p)
+		}
+		for _, f := range res.Failed {
+			fmt.Printf("failed    %s: %s\n", f.Path, f.Reason)
+		}
+	}
+	if len(res.Failed) > 0 {
+		return &conflictError{fmt.Sprintf("%d path(s) could not be restored", len(res.Failed))}
+	}
+	return nil
+}
+
+func runSnapshots(ctx context.Context, args []string) error {
+	cf, _, c, err := parseClient("snapshots", args, nil)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	res, err := c.ListSnapshots(ctx)
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		return printJSON(res)
+	}
+	for _, s := range res.Snapshots {
+		state := "closed"
+		if s.Open {
+			state = "open"
+		}
+		fmt.Printf("%-24s %-6s %s  %d path(s)  %s\n", s.ScopeID, state, s.Created, len(s.Paths), humanBytes(s.Bytes))
+	}
+	return nil
+}
+
+func runDrop(ctx context.Context, args []string) error {
+	cf, scope, c, err := scopeCommand("drop", args)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	res, err := c.DropSnapshot(ctx, scope)
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		return printJSON(res)
+	}
+	fmt.Printf("dropped %s\n", scope)
+	return nil
+}
+
+// exitStatus carries a child's exit status out of exec.
+type exitStatus struct{ code int }
+
+func (e *exitStatus) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// runExec runs one command as a tool call: a snapshot bound to this process
+// (so to the command and everything it starts) is open while it runs.
+func runExec(ctx context.Context, args []string) error {
+	var scope, dir string
+	cf, rest, c, err := parseClient("exec", args, func(fs *pflag.FlagSet) {
+		fs.StringVar(&scope, "scope", "", "the tool call's scope id (required)")
+		fs.StringVarP(&dir, "dir", "C", "", "working directory inside the mount (default: the mount's root)")
+	})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if scope == "" || len(rest) == 0 {
+		return usagef("usage: stagefs exec --scope SCOPE [-C DIR] -- CMD [ARGS...]")
+	}
+	init, err := c.Initialize(ctx)
+	if err != nil {
+		return err
+	}
+	if dir == "" {
+		dir = init.Mount
+	} else if dir, err = filepath.Abs(dir); err != nil {
+		return err
+	}
+	if _, err := c.Snapshot(ctx, control.SnapshotParams{ScopeID: scope, Pid: os.Getpid()}); err != nil {
+		return err
+	}
+	cmd := exec.Command(rest[0], rest[1:]...)
+	cmd.Dir = dir
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	// The command gets the terminal's signals itself; exec only waits.
+	signal.Ignore(syscall.SIGINT, syscall.SIGQUIT)
+	runErr := cmd.Run()
+	info, err := c.CloseSnapshot(context.Background(), scope)
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		printJSON(info)
+	} else {
+		fmt.Fprintf(os.Stderr, "stagefs: %s changed %d path(s)\n", scope, len(info.Paths))
+		for _, p := range info.Paths {
+			fmt.Fprintf(os.Stderr, "  %s\n", p)
+		}
+	}
+	var ee *exec.ExitError
+	if errors.As(runErr, &ee) {
+		code := ee.ExitCode()
+		if code < 0 {
+			code = 128 + int(ee.Sys().(syscall.WaitStatus).Signal())
+		}
+		return &exitStatus{code}
+	}
+	return runErr
+}

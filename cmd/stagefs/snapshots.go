@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"stagefs/control"
+	"stagefs/snapshot"
+)
+
+// registerSnapshots adds the snapshot methods to the control server.
+func (b *backend) registerSnapshots(s *control.Server) {
+	s.Handle(control.MethodSnapshot, control.Typed(b.openSnapshot))
+	s.Handle(control.MethodCloseSnapshot, control.Typed(b.closeSnapshot))
+	s.Handle(control.MethodRestore, control.Typed(b.restore))
+	s.Handle(control.MethodListSnapshots, control.Typed(b.listSnapshots))
+	s.Handle(control.MethodDropSnapshot, control.Typed(b.dropSnapshot))
+}
+
+func snapshotInfo(i snapshot.Info) control.SnapshotInfo {
+	paths := i.Paths
+	if paths == nil {
+		paths = []string{}
+	}
+	return control.SnapshotInfo{
+		SnapshotID: i.ID, ScopeID: i.ScopeID, Turn: i.Turn, Pid: i.Pid,
+		Created: time.Unix(0, i.Created).UTC().Format(time.RFC3339Nano),
+		Open:    !i.Closed, Paths: paths, Bytes: i.Bytes,
+	}
+}
+
+// snapshotError maps the store's errors to protocol errors.
+func snapshotError(scope string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, snapshot.ErrNotFound):
+		return control.Errorf(control.CodeNotFound, "no snapshot for scope %q", scope)
+	case errors.Is(err, snapshot.ErrExists):
+		return control.Errorf(control.CodeBusy, "a snapshot for scope %q is already open; close it first", scope)
+	case errors.Is(err, snapshot.ErrClosed):
+		return control.Errorf(control.CodeInvalidState, "the snapshot for scope %q is closed", scope)
+	case snapshot.ValidScope(scope) != nil:
+		return control.Errorf(control.CodeInvalidParams, "scopeId: %v", snapshot.ValidScope(scope))
+	}
+	return err
+}
+
+func (b *backend) openSnapshot(ctx context.Context, p control.SnapshotParams) (control.SnapshotInfo, error) {
+	if err := snapshot.ValidScope(p.ScopeID); err != nil {
+		return control.SnapshotInfo{}, control.Errorf(control.CodeInvalidParams, "scopeId: %v", err)
+	}
+	rel, err := b.relPaths(p.Paths)
+	if err != nil {
+		return control.SnapshotInfo{}, err
+	}
+	info, err := b.eng.OpenSnapshot(p.ScopeID, "", p.Pid, rel)
+	if err != nil {
+		return control.SnapshotInfo{}, snapshotError(p.ScopeID, err)
+	}
+	return snapshotInfo(info), nil
+}
+
+func (b *backend) closeSnapshot(ctx context.Context, p control.ScopeParams) (control.SnapshotInfo, error) {
+	info, err := b.eng.CloseSnapshot(p.ScopeID)
+	if err != nil {
+		return control.SnapshotInfo{}, snapshotError(p.ScopeID, err)
+	}
+	return snapshotInfo(info), nil
+}
+
+func (b *backend) restore(ctx context.Context, p control.ScopeParams) (control.RestoreResult, error) {
+	res, err := b.eng.Restore(p.ScopeID)
+	if err != nil {
+		return control.RestoreResult{}, snapshotError(p.ScopeID, err)
+	}
+	out := control.RestoreResult{RestoredPaths: nonNil(res.Restored), Conflicts: []control.Conflict{}, Failed: []control.Failure{}}
+	for _, f := range res.Failed {
+		out.Failed = append(out.Failed, control.Failure{Path: f.Path, Reason: f.Reason})
+	}
+	b.fs.Invalidate(res.Restored)
+	b.publish(control.Event{Kind: control.EventToolCallRestored, ToolCallID: p.ScopeID, RestoredPaths: out.RestoredPaths})
+	return out, nil
+}
+
+func (b *backend) listSnapshots(ctx context.Context, _ struct{}) (control.ListSnapshotsResult, error) {
+	res := control.ListSnapshotsResult{Snapshots: []control.SnapshotInfo{}}
+	for _, i := range b.snaps.List() {
+		res.Snapshots = append(res.Snapshots, snapshotInfo(i))
+	}
+	return res, nil
+}
+
+func (b *backend) dropSnapshot(ctx context.Context, p control.ScopeParams) (control.DropSnapshotResult, error) {
+	if info, ok := b.snaps.Lookup(p.ScopeID); ok && !info.Closed {
+		if _, err := b.eng.CloseSnapshot(p.ScopeID); err != nil {
+			return control.DropSnapshotResult{}, snapshotError(p.ScopeID, err)
+		}
+	}
+	if err := b.snaps.Drop(p.ScopeID); err != nil {
+		return control.DropSnapshotResult{}, snapshotError(p.ScopeID, err)
+	}
+	return control.DropSnapshotResult{Dropped: true}, nil
+}

@@ -1,0 +1,544 @@
+package overlay
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"stagefs/snapshot"
+)
+
+// Snapshots: while a snapshot is open, the first mutation of each path by
+// a process it covers captures that path's pre-image into the content store
+// before the mutation happens. Mutating operations call capture under e.mu,
+// so the pre-image is the state the mutation starts from.
+
+// capture records the pre-images of paths for every open snapshot that
+// covers c and has not captured them yet. Operations by the daemon itself
+// (pid 0: commit, discard, restore, the control socket's writes) are not
+// tool mutations and are never captured. A failure fails the mutation:
+// nothing may change without its pre-image.
+func (e *Engine) capture(c Caller, paths ...string) error {
+	if e.snaps == nil || c.Pid == 0 || e.openSnaps.Load() == 0 {
+		return nil
+	}
+	open := e.snaps.OpenSnapshots()
+	for _, p := range paths {
+		var pre *snapshot.Entry
+		for _, s := range open {
+			if s.Pid != 0 && !e.procs.descends(c.Pid, s.Pid) {
+				continue
+			}
+			if e.snaps.Has(s.ScopeID, p) {
+				continue
+			}
+			if pre == nil {
+				var err error
+				if pre, err = e.preImage(p); err != nil {
+					return fmt.Errorf("capture the pre-image of %s: %w", p, err)
+				}
+				pre.Pid, pre.Comm = c.Pid, e.comms.get(c.Pid)
+			}
+			if err := e.snaps.Add(s.ScopeID, *pre); err != nil && !errors.Is(err, snapshot.ErrClosed) {
+				return fmt.Errorf("capture the pre-image of %s: %w", p, err)
+			}
+		}
+	}
+	return nil
+}
+
+// captureMove records that the directory oldp is about to move to newp, so
+// restore moves it back instead of copying its tree.
+func (e *Engine) captureMove(c Caller, oldp, newp string) error {
+	if e.snaps == nil || c.Pid == 0 || e.openSnaps.Load() == 0 {
+		return nil
+	}
+	for _, s := range e.snaps.OpenSnapshots() {
+		if s.Pid != 0 && !e.procs.descends(c.Pid, s.Pid) {
+			continue
+		}
+		err := e.snaps.Add(s.ScopeID, snapshot.Entry{Path: newp, From: oldp, Kind: snapshot.KindMoved, Pid: c.Pid, Comm: e.comms.get(c.Pid)})
+		if err != nil && !errors.Is(err, snapshot.ErrClosed) {
+			return fmt.Errorf("capture the move of %s: %w", oldp, err)
+		}
+	}
+	return nil
+}
+
+// captureRename captures what a rename changes: a file's pre-image at both
+// names, or, for a directory, the destination's pre-image and the move.
+func (e *Engine) captureRename(c Caller, oldp, newp string) error {
+	if e.snaps == nil || c.Pid == 0 || e.openSnaps.Load() == 0 {
+		return nil
+	}
+	l, err := e.locate(oldp)
+	if err != nil {
+		return nil // the rename fails on its own
+	}
+	st, err := e.statLoc(oldp, l)
+	if err != nil {
+		return nil
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		return e.capture(c, oldp, newp)
+	}
+	if err := e.capture(c, newp); err != nil {
+		return err
+	}
+	return e.captureMove(c, oldp, newp)
+}
+
+// preImage reads p's state in the merged view; a file's body goes to the
+// content store.
+func (e *Engine) preImage(p string) (*snapshot.Entry, error) {
+	ent := &snapshot.Entry{Path: p, Time: time.Now().UnixNano()}
+	l, err := e.locate(p)
+	var st *syscall.Stat_t
+	if err == nil {
+		st, err = e.statLoc(p, l)
+	}
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENOTDIR) {
+		ent.Kind = snapshot.KindAbsent
+		return ent, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	ent.Mode, ent.Uid, ent.Gid, ent.Mtime = st.Mode, st.Uid, st.Gid, st.Mtim.Nano()
+	switch st.Mode & syscall.S_IFMT {
+	case syscall.S_IFDIR:
+		ent.Kind = snapshot.KindDir
+	case syscall.S_IFLNK:
+		ent.Kind = snapshot.KindSymlink
+		if l.m != nil {
+			ent.Target, err = e.readUpperSymlink(p)
+		} else {
+			ent.Target, err = e.base.readlink(l.basePath)
+		}
+	case syscall.S_IFREG:
+		ent.Kind = snapshot.KindFile
+		var fd int
+		if l.m != nil {
+			fd, err = e.upper.open(p, unix.O_RDONLY, 0)
+		} else {
+			fd, err = e.base.open(l.basePath, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+		}
+		if err != nil {
+			return nil, err
+		}
+		ent.Hash, ent.Size, err = e.snaps.PutBody(fdReader(fd))
+		unix.Close(fd)
+	default:
+		// FIFOs, sockets and devices carry no content; restore
+		// removes what replaced them. Recorded as absent.
+		ent.Kind = snapshot.KindAbsent
+		ent.Mode = 0
+	}
+	return ent, err
+}
+
+// OpenSnapshot opens a snapshot for scope. With paths, their pre-images
+// (directories with everything below them) are captured at once and the
+// snapshot is closed; without, it stays open and captures each path at its
+// first mutation by a process it covers: pid and its descendants, or any
+// process when pid is 0. Opening an unbound snapshot closes the previous
+// unbound one.
+func (e *Engine) OpenSnapshot(scope, turn string, pid int, paths []string) (snapshot.Info, error) {
+	if e.snaps == nil {
+		return snapshot.Info{}, errors.New("snapshots are not enabled")
+	}
+	if pid == 0 {
+		for _, s := range e.snaps.OpenSnapshots() {
+			if s.Pid == 0 && s.ScopeID != scope {
+				e.CloseSnapshot(s.ScopeID)
+			}
+		}
+	}
+	info, err := e.snaps.Create(scope, turn, pid)
+	if err != nil {
+		return info, err
+	}
+	e.openSnaps.Add(1)
+	e.record(Record{Op: "snapshot_open", Detail: scope, Pid: pid})
+	if len(paths) == 0 {
+		return info, nil
+	}
+	e.mu.RLock()
+	for _, p := range paths {
+		if err = e.captureTree(scope, p); err != nil {
+			break
+		}
+	}
+	e.mu.RUnlock()
+	closed, cerr := e.CloseSnapshot(scope)
+	if err != nil {
+		return closed, err
+	}
+	return closed, cerr
+}
+
+// captureTree captures p and, for a directory, everything below it.
+func (e *Engine) captureTree(scope, p string) error {
+	pre, err := e.preImage(p)
+	if err != nil {
+		return fmt.Errorf("capture %s: %w", p, err)
+	}
+	if err := e.snaps.Add(scope, *pre); err != nil {
+		return err
+	}
+	if pre.Kind != snapshot.KindDir {
+		return nil
+	}
+	ents, err := e.readDirLocked(p)
+	if err != nil {
+		return err
+	}
+	for _, d := range ents {
+		if err := e.captureTree(scope, joinPath(p, d.Name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CloseSnapshot stops capturing for scope and returns what it captured.
+func (e *Engine) CloseSnapshot(scope string) (snapshot.Info, error) {
+	if e.snaps == nil {
+		return snapshot.Info{}, errors.New("snapshots are not enabled")
+	}
+	wasOpen := false
+	if info, ok := e.snaps.Lookup(scope); ok && !info.Closed {
+		wasOpen = true
+	}
+	info, err := e.snaps.CloseSnapshot(scope)
+	if wasOpen && (err == nil || info.Closed) {
+		e.openSnaps.Add(-1)
+		e.record(Record{Op: "snapshot_close", Detail: fmt.Sprintf("%s: %d path(s)", scope, len(info.Paths))})
+	}
+	return info, err
+}
+
+// RestoreResult reports a restore.
+type RestoreResult struct {
+	Restored []string // paths whose pre-image is back in the view
+	Failed   []Failure
+}
+
+// Restore writes scope's pre-images back into the merged view, newest
+// capture first: files get their content, mode and times back, paths that
+// were absent are removed, moved directories move back. In staged mode a
+// pre-image equal to the workspace drops the pending entry instead. The
+// operations are the daemon's own, so open snapshots do not capture them.
+func (e *Engine) Restore(scope string) (RestoreResult, error) {
+	if e.snaps == nil {
+		return RestoreResult{}, errors.New("snapshots are not enabled")
+	}
+	ents, err := e.snaps.Entries(scope)
+	if err != nil {
+		return RestoreResult{}, err
+	}
+	var res RestoreResult
+	seen := map[string]bool{}
+	for i := len(ents) - 1; i >= 0; i-- {
+		ent := ents[i]
+		if err := e.restoreEntry(ent); err != nil {
+			res.Failed = append(res.Failed, Failure{Path: ent.Path, Reason: err.Error()})
+			continue
+		}
+		for _, p := range []string{ent.Path, ent.From} {
+			if p != "" && !seen[p] {
+				seen[p] = true
+				res.Restored = append(res.Restored, p)
+			}
+		}
+	}
+	e.record(Record{Op: "restore", Detail: fmt.Sprintf("%s: %d restored, %d failed", scope, len(res.Restored), len(res.Failed))})
+	e.changed()
+	return res, nil
+}
+
+var daemon = Caller{}
+
+func (e *Engine) restoreEntry(ent snapshot.Entry) error {
+	st, statErr := e.Stat(ent.Path)
+	exists := statErr == nil
+	isDir := exists && st.Mode&syscall.S_IFMT == syscall.S_IFDIR
+	switch ent.Kind {
+	case snapshot.KindMoved:
+		if _, err := e.Stat(ent.From); err == nil || !exists {
+			return nil // moved back already, or gone
+		}
+		return e.Rename(ent.Path, ent.From, unix.RENAME_NOREPLACE, daemon)
+	case snapshot.KindAbsent:
+		if !exists {
+			return nil
+		}
+		return e.removeTree(ent.Path)
+	case snapshot.KindDir:
+		if isDir {
+			if st.Mode&0o7777 == ent.Mode&0o7777 {
+				return nil
+			}
+			_, err := e.Setattr(ent.Path, -1, SetAttr{Mode: ptr(ent.Mode & 0o7777)}, daemon)
+			return err
+		}
+		if !exists && e.undelete(ent.Path) {
+			return nil
+		}
+		if exists {
+			if err := e.removeTree(ent.Path); err != nil {
+				return err
+			}
+		}
+		if err := e.mkdirAll(parentOf(ent.Path)); err != nil {
+			return err
+		}
+		_, err := e.Mkdir(ent.Path, ent.Mode&0o7777, Caller{Uid: ent.Uid, Gid: ent.Gid})
+		return err
+	case snapshot.KindSymlink:
+		if exists {
+			if err := e.removeTree(ent.Path); err != nil {
+				return err
+			}
+		}
+		if err := e.mkdirAll(parentOf(ent.Path)); err != nil {
+			return err
+		}
+		_, err := e.Symlink(ent.Target, ent.Path, Caller{Uid: ent.Uid, Gid: ent.Gid})
+		return err
+	case snapshot.KindFile:
+		if isDir || (exists && st.Mode&syscall.S_IFMT != syscall.S_IFREG) {
+			if err := e.removeTree(ent.Path); err != nil {
+				return err
+			}
+		}
+		if e.Mode() == Staged && e.baseHasBody(ent) {
+			// The pre-image is what the workspace has: drop the
+			// pending entry rather than stage a copy of the workspace.
+			e.Discard([]string{ent.Path}, daemon)
+			if st, err := e.Stat(ent.Path); err == nil && st.Mode&syscall.S_IFMT == syscall.S_IFREG {
+				return nil
+			}
+		}
+		return e.restoreFile(ent)
+	}
+	return fmt.Errorf("unknown pre-image kind %q", ent.Kind)
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// undelete brings back a workspace directory that the pending set deletes,
+// as it was just before its rmdir: the whiteouts of the children deleted
+// before stay (restore brings back, one by one, those the snapshot
+// captured), so later or earlier deletions by other tool calls are kept.
+func (e *Engine) undelete(p string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.mode != Staged {
+		return false
+	}
+	m := e.index[p]
+	if m == nil {
+		return false
+	}
+	switch {
+	case m.Kind == KindDir && m.Deleted && !m.Opaque:
+		nm := *m
+		nm.Deleted = false
+		nm.Container = m.Redirect == "" && m.Base.Exists
+		if e.writeMeta(p, &nm) != nil {
+			return false
+		}
+		*m = nm
+	case m.Kind == KindWhiteout && m.Base.Exists && m.Base.Mode&syscall.S_IFMT == syscall.S_IFDIR:
+		l, err := e.locate(p)
+		if err != nil {
+			return false
+		}
+		if st := e.baseStat(l); st == nil || st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+			return false
+		}
+		if e.upper.withParent(p, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, 0) }) != nil {
+			return false
+		}
+		e.dropEntry(p)
+		e.pruneContainers(p)
+	default:
+		return false
+	}
+	return true
+}
+
+// hashOf returns the hex SHA-256 of what fd reads.
+func hashOf(fd int) string {
+	h := sha256.New()
+	if _, err := copyBuffer(h, fdReader(fd)); err != nil {
+		return ""
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func copyBuffer(w io.Writer, r io.Reader) (int64, error) {
+	return io.CopyBuffer(w, r, make([]byte, 256<<10))
+}
+
+func parentOf(p string) string {
+	dir, _ := splitPath(p)
+	return dir
+}
+
+// restoreFile writes a stored body back to ent.Path with its mode, owner
+// and mtime.
+func (e *Engine) restoreFile(ent snapshot.Entry) error {
+	body, err := e.snaps.OpenBody(ent.Hash)
+	if err != nil {
+		return err
+	}
+	defer body.Close()
+	if err := e.mkdirAll(parentOf(ent.Path)); err != nil {
+		return err
+	}
+	f, _, err := e.Create(ent.Path, unix.O_WRONLY|unix.O_TRUNC, ent.Mode&0o7777, daemon)
+	if err != nil {
+		return err
+	}
+	_, err = copyBuffer(fdWriter(f.Fd), body)
+	e.Release(ent.Path, f, daemon)
+	if err != nil {
+		return err
+	}
+	mt := unix.NsecToTimespec(ent.Mtime)
+	_, err = e.Setattr(ent.Path, -1, SetAttr{Mode: ptr(ent.Mode & 0o7777), Uid: ptr(ent.Uid), Gid: ptr(ent.Gid), Mtime: &mt}, daemon)
+	return err
+}
+
+// baseHasBody reports whether the workspace file at ent.Path is the
+// pre-image (same size, mode and content hash).
+func (e *Engine) baseHasBody(ent snapshot.Entry) bool {
+	st, err := e.base.lstat(ent.Path)
+	if err != nil || !isRegular(st) || st.Size != ent.Size || st.Mode&0o7777 != ent.Mode&0o7777 {
+		return false
+	}
+	fd, err := e.base.open(ent.Path, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	return hashOf(fd) == ent.Hash
+}
+
+// mkdirAll makes p and its missing parents in the view.
+func (e *Engine) mkdirAll(p string) error {
+	if p == "" {
+		return nil
+	}
+	if st, err := e.Stat(p); err == nil {
+		if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+			return syscall.ENOTDIR
+		}
+		return nil
+	}
+	if err := e.mkdirAll(parentOf(p)); err != nil {
+		return err
+	}
+	_, err := e.Mkdir(p, 0o755, daemon)
+	if errors.Is(err, syscall.EEXIST) {
+		return nil
+	}
+	return err
+}
+
+// removeTree removes p and everything below it from the view.
+func (e *Engine) removeTree(p string) error {
+	st, err := e.Stat(p)
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) {
+			return nil
+		}
+		return err
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		return e.Unlink(p, daemon)
+	}
+	ents, err := e.ReadDir(p)
+	if err != nil {
+		return err
+	}
+	for _, d := range ents {
+		if err := e.removeTree(joinPath(p, d.Name)); err != nil {
+			return err
+		}
+	}
+	return e.Rmdir(p, daemon)
+}
+
+// procTree answers "is pid a descendant of ancestor?" from /proc, caching
+// parent pids briefly: one /proc read per process, not per operation.
+type procTree struct {
+	mu sync.Mutex
+	m  map[int]ppidEntry
+}
+
+type ppidEntry struct {
+	ppid int
+	at   time.Time
+}
+
+func (t *procTree) descends(pid, ancestor int) bool {
+	for i := 0; i < 128 && pid > 1; i++ {
+		if pid == ancestor {
+			return true
+		}
+		pid = t.ppid(pid)
+	}
+	return pid == ancestor
+}
+
+func (t *procTree) ppid(pid int) int {
+	now := time.Now()
+	t.mu.Lock()
+	if e, ok := t.m[pid]; ok && now.Sub(e.at) < commTTL {
+		t.mu.Unlock()
+		return e.ppid
+	}
+	t.mu.Unlock()
+	pp := readPpid(pid)
+	t.mu.Lock()
+	if t.m == nil || len(t.m) > 8192 {
+		t.m = map[int]ppidEntry{}
+	}
+	t.m[pid] = ppidEntry{pp, now}
+	t.mu.Unlock()
+	return pp
+}
+
+// readPpid parses the parent pid from /proc/PID/stat ("pid (comm) state
+// ppid ..."); the command name may hold spaces and parentheses, so the
+// fields are counted after the last ')'.
+func readPpid(pid int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 2 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[1])
+	return n
+}
