@@ -67,6 +67,7 @@ func init() {
 		{"snapshots", "snapshots: list snapshots, oldest first", runSnapshots},
 		{"drop", "drop SCOPE: delete a snapshot", runDrop},
 		{"exec", "exec --scope SCOPE [-C DIR] -- CMD [ARGS...]: run CMD in the mount as one tool call", runExec},
+		{"run", "run [-m MOUNT] [--scope ID] [--workdir DIR] -- CMD [ARGS...]: run CMD at the workspace's own path, staged", runRun},
 	}
 }
 
@@ -92,8 +93,11 @@ func run(args []string) int {
 			cmd = &commands[i]
 		}
 	}
-	if args[0] == daemonCommand {
+	switch args[0] {
+	case daemonCommand:
 		cmd = &command{name: daemonCommand, run: runDaemon}
+	case runChildCommand:
+		cmd = &command{name: runChildCommand, run: runChild}
 	}
 	if cmd == nil {
 		fmt.Fprintf(os.Stderr, "stagefs: unknown command %q (see stagefs --help)\n", args[0])
