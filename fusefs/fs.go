@@ -448,11 +448,19 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 
 func (h *handle) Flush(ctx context.Context) syscall.Errno { return 0 }
 
+// Fsync makes the file's data durable, and the journal records of the
+// changes that led to it.
 func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	var err error
 	if flags&1 != 0 {
-		return toErrno(unix.Fdatasync(h.f.Fd))
+		err = unix.Fdatasync(h.f.Fd)
+	} else {
+		err = unix.Fsync(h.f.Fd)
 	}
-	return toErrno(unix.Fsync(h.f.Fd))
+	if err == nil {
+		err = h.sys.eng.Sync()
+	}
+	return toErrno(err)
 }
 
 func (h *handle) Release(ctx context.Context) syscall.Errno {

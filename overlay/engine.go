@@ -48,6 +48,8 @@ type Caller struct {
 // Append must make the record durable before it returns.
 type Journal interface {
 	Append(payload []byte) (uint64, error)
+	AppendNoWait(payload []byte) (uint64, error)
+	Sync() error
 }
 
 // Options configure an Engine.

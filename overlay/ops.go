@@ -70,6 +70,11 @@ func (e *Engine) Open(p string, flags int, c Caller) (*File, error) {
 		return f, err
 	}
 	e.mu.Lock()
+	m := e.index[p]
+	// Only the first write-open of a path changes the pending set's
+	// structure (the copy-up); its record must be durable before the open
+	// returns. Later ones are journaled lazily, like the data they write.
+	restaged := e.mode == Immediate || (m != nil && m.Kind != KindWhiteout && !m.Deleted)
 	f, err := e.openWriteLocked(p, flags, c)
 	e.mu.Unlock()
 	if err != nil {
@@ -79,7 +84,13 @@ func (e *Engine) Open(p string, flags int, c Caller) (*File, error) {
 	if flags&unix.O_TRUNC != 0 {
 		op = "open_trunc"
 	}
-	e.recordOp(c, op, p, "", 0)
+	r := Record{Op: op, Path: p, Pid: c.Pid}
+	if restaged {
+		e.recordLazy(r)
+	} else {
+		e.record(r)
+	}
+	e.changed()
 	return f, nil
 }
 
@@ -120,7 +131,7 @@ func (e *Engine) Release(p string, f *File, c Caller) {
 		if unix.Fstat(f.Fd, &st) == nil {
 			size = st.Size
 		}
-		e.record(Record{Op: "close_write", Path: p, Pid: c.Pid, Size: size})
+		e.recordLazy(Record{Op: "close_write", Path: p, Pid: c.Pid, Size: size})
 		e.changed()
 	}
 	if f.uino != 0 {

@@ -32,9 +32,18 @@ func DecodeRecord(seq uint64, payload []byte) (Record, error) {
 	return r, err
 }
 
-// record appends r to the journal. A failure is logged: the operation it
-// describes has already happened and cannot be undone here.
-func (e *Engine) record(r Record) {
+// record appends r to the journal, durable before it returns. A failure is
+// logged: the operation it describes has already happened and cannot be
+// undone here.
+func (e *Engine) record(r Record) { e.appendRecord(r, true) }
+
+// recordLazy appends r without waiting for it to be durable: for records
+// that change nothing of the pending set's structure (a close, a write-open
+// of a file already staged). The next durable record, fsync or Sync makes
+// it durable, in order.
+func (e *Engine) recordLazy(r Record) { e.appendRecord(r, false) }
+
+func (e *Engine) appendRecord(r Record, durable bool) {
 	if e.journal == nil {
 		return
 	}
@@ -45,9 +54,25 @@ func (e *Engine) record(r Record) {
 		r.Comm = e.comms.get(r.Pid)
 	}
 	b, _ := json.Marshal(r)
-	if _, err := e.journal.Append(b); err != nil {
+	var err error
+	if durable {
+		_, err = e.journal.Append(b)
+	} else {
+		_, err = e.journal.AppendNoWait(b)
+	}
+	if err != nil {
 		e.logf("journal: %v", err)
 	}
+}
+
+// Sync makes every journal record written so far durable (fsync of a file
+// in the mount calls it, so the record of the change is as durable as the
+// data).
+func (e *Engine) Sync() error {
+	if e.journal == nil {
+		return nil
+	}
+	return e.journal.Sync()
 }
 
 // recordOp journals a staging operation by c and tells the listener.

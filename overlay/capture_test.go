@@ -1,0 +1,426 @@
+package overlay_test
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"stagefs/overlay"
+	"stagefs/snapshot"
+)
+
+// newSnapHarness is newHarness with a snapshot store: the engine captures
+// pre-images into it.
+func newSnapHarness(t *testing.T, mode overlay.Mode) (*harness, *snapshot.Store) {
+	t.Helper()
+	h := newHarness(t)
+	st, err := snapshot.Open(filepath.Join(t.TempDir(), "snapshots"), snapshot.Options{})
+	require.NoError(t, err)
+	require.NoError(t, h.e.Close())
+	h.e = nil
+	h.opts.Snapshots = st
+	h.opts.Mode = mode
+	h.open()
+	return h, st
+}
+
+// fillBase gives the workspace one of each kind of entry the capture tests
+// mutate.
+func fillBase(h *harness) {
+	h.baseFile("f.txt", "f0\n")
+	h.baseFile("g.txt", "g0\n")
+	h.baseFile("d/x", "x0\n")
+	h.baseFile("d/sub/y", "y0\n")
+	h.baseDir("e")
+	h.baseSymlink("link", "f.txt")
+}
+
+// entryKinds describes a snapshot's entries as "kind path" (moves as
+// "moved path<-from"), in capture order.
+func entryKinds(t *testing.T, st *snapshot.Store, scope string) []string {
+	t.Helper()
+	ents, err := st.Entries(scope)
+	require.NoError(t, err)
+	out := []string{}
+	for _, e := range ents {
+		s := string(e.Kind) + " " + e.Path
+		if e.From != "" {
+			s += "<-" + e.From
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func entryOf(t *testing.T, st *snapshot.Store, scope, path string, kind snapshot.Kind) snapshot.Entry {
+	t.Helper()
+	ents, err := st.Entries(scope)
+	require.NoError(t, err)
+	for _, e := range ents {
+		if e.Path == path && e.Kind == kind {
+			return e
+		}
+	}
+	t.Fatalf("snapshot %s has no %s entry for %s: %v", scope, kind, path, entryKinds(t, st, scope))
+	return snapshot.Entry{}
+}
+
+func hashHex(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+func u32(v uint32) *uint32 { return &v }
+
+// TestCaptureEachMutation makes one mutation per snapshot, checks the
+// entries it captured, restores, and checks that the view is back to what
+// it was (and, staged, that nothing is left pending).
+func TestCaptureEachMutation(t *testing.T) {
+	cases := []struct {
+		name string
+		op   func(h *harness)
+		want []string // entry kinds, in capture order
+	}{
+		{"write-open", func(h *harness) {
+			f, err := h.e.Open("f.txt", unix.O_WRONLY, caller)
+			require.NoError(h.t, err)
+			h.pwrite("f.txt", f, "F")
+		}, []string{"file f.txt"}},
+		{"open-trunc", func(h *harness) { h.overwrite("f.txt", "new content\n") }, []string{"file f.txt"}},
+		{"create-new", func(h *harness) { h.create("new.txt", "n\n") }, []string{"absent new.txt"}},
+		{"create-existing-trunc", func(h *harness) { h.create("f.txt", "again\n") }, []string{"file f.txt"}},
+		{"create-in-new-dir", func(h *harness) {
+			h.mkdir("nd")
+			h.create("nd/n.txt", "n\n")
+		}, []string{"absent nd", "absent nd/n.txt"}},
+		{"unlink", func(h *harness) { h.unlink("f.txt") }, []string{"file f.txt"}},
+		{"unlink-symlink", func(h *harness) { h.unlink("link") }, []string{"symlink link"}},
+		{"rmdir", func(h *harness) { h.rmdir("e") }, []string{"dir e"}},
+		{"rm-rf", func(h *harness) {
+			h.unlink("d/sub/y")
+			h.rmdir("d/sub")
+			h.unlink("d/x")
+			h.rmdir("d")
+		}, []string{"file d/sub/y", "dir d/sub", "file d/x", "dir d"}},
+		{"rename-file", func(h *harness) { h.rename("f.txt", "h.txt") }, []string{"file f.txt", "absent h.txt"}},
+		{"rename-file-over", func(h *harness) { h.rename("f.txt", "g.txt") }, []string{"file f.txt", "file g.txt"}},
+		{"rename-dir", func(h *harness) { h.rename("d", "d2") }, []string{"absent d2", "moved d2<-d"}},
+		{"rename-dir-then-edit", func(h *harness) {
+			h.rename("d", "d2")
+			h.overwrite("d2/x", "x1\n")
+		}, []string{"absent d2", "moved d2<-d", "file d2/x"}},
+		{"mkdir", func(h *harness) { h.mkdir("m") }, []string{"absent m"}},
+		{"symlink", func(h *harness) {
+			_, err := h.e.Symlink("f.txt", "s", caller)
+			require.NoError(h.t, err)
+		}, []string{"absent s"}},
+		{"link", func(h *harness) {
+			_, err := h.e.Link("f.txt", "hl", caller)
+			require.NoError(h.t, err)
+		}, []string{"absent hl"}},
+		{"chmod-file", func(h *harness) {
+			_, err := h.e.Setattr("f.txt", -1, overlay.SetAttr{Mode: u32(0o600)}, caller)
+			require.NoError(h.t, err)
+		}, []string{"file f.txt"}},
+		{"chmod-dir", func(h *harness) {
+			_, err := h.e.Setattr("e", -1, overlay.SetAttr{Mode: u32(0o700)}, caller)
+			require.NoError(h.t, err)
+		}, []string{"dir e"}},
+		{"truncate", func(h *harness) {
+			size := uint64(1)
+			_, err := h.e.Setattr("f.txt", -1, overlay.SetAttr{Size: &size}, caller)
+			require.NoError(h.t, err)
+		}, []string{"file f.txt"}},
+		{"setxattr", func(h *harness) {
+			require.NoError(h.t, h.e.Setxattr("f.txt", "user.test", []byte("v"), 0, caller))
+		}, []string{"file f.txt"}},
+		{"two-writes-first-wins", func(h *harness) {
+			h.overwrite("f.txt", "one\n")
+			h.overwrite("f.txt", "two\n")
+			h.unlink("f.txt")
+		}, []string{"file f.txt"}},
+	}
+	for _, mode := range []overlay.Mode{overlay.Staged, overlay.Immediate} {
+		for _, tc := range cases {
+			t.Run(string(mode)+"/"+tc.name, func(t *testing.T) {
+				h, st := newSnapHarness(t, mode)
+				fillBase(h)
+				before := h.view()
+				ws := h.wsSnapshot()
+
+				_, err := h.e.OpenSnapshot("t1", "", os.Getpid(), nil)
+				require.NoError(t, err)
+				tc.op(h)
+				info, err := h.e.CloseSnapshot("t1")
+				require.NoError(t, err)
+				require.True(t, info.Closed)
+				require.Equal(t, tc.want, entryKinds(t, st, "t1"))
+				if mode == overlay.Staged {
+					require.Equal(t, ws, h.wsSnapshot(), "staged: the workspace changed")
+				}
+
+				res, err := h.e.Restore("t1")
+				require.NoError(t, err)
+				require.Empty(t, res.Failed, "restore failures")
+				require.NotEmpty(t, res.Restored)
+				require.Equal(t, before, h.view(), "view after restore")
+				require.Equal(t, ws, h.wsSnapshot(), "workspace after restore")
+				require.Empty(t, h.pending(), "pending set after restore")
+				if tc.name == "setxattr" {
+					_, err := h.e.Getxattr("f.txt", "user.test", make([]byte, 64))
+					require.ErrorIs(t, err, unix.ENODATA, "the xattr set by the tool call survived the restore")
+				}
+			})
+		}
+	}
+}
+
+// TestCaptureFileEntry checks what a file's pre-image holds: the body of
+// the state before the first mutation, its size, mode and mtime.
+func TestCaptureFileEntry(t *testing.T) {
+	h, st := newSnapHarness(t, overlay.Staged)
+	h.baseFile("f.txt", "before\n")
+	require.NoError(t, os.Chmod(h.wsPath("f.txt"), 0o640))
+	bst := h.stat("f.txt")
+
+	_, err := h.e.OpenSnapshot("t1", "", os.Getpid(), nil)
+	require.NoError(t, err)
+	h.overwrite("f.txt", "after one\n")
+	h.overwrite("f.txt", "after two\n")
+	_, err = h.e.CloseSnapshot("t1")
+	require.NoError(t, err)
+
+	e := entryOf(t, st, "t1", "f.txt", snapshot.KindFile)
+	require.Equal(t, hashHex("before\n"), e.Hash)
+	require.EqualValues(t, len("before\n"), e.Size)
+	require.EqualValues(t, 0o640, e.Mode&0o7777)
+	require.EqualValues(t, syscall.S_IFREG, e.Mode&syscall.S_IFMT)
+	require.Equal(t, bst.Mtim.Nano(), e.Mtime)
+	require.Equal(t, os.Getpid(), e.Pid)
+	require.NotZero(t, e.Time)
+
+	// A symlink's pre-image is its target.
+	h.baseSymlink("l", "somewhere")
+	_, err = h.e.OpenSnapshot("t2", "", os.Getpid(), nil)
+	require.NoError(t, err)
+	h.unlink("l")
+	_, err = h.e.CloseSnapshot("t2")
+	require.NoError(t, err)
+	require.Equal(t, "somewhere", entryOf(t, st, "t2", "l", snapshot.KindSymlink).Target)
+
+	// Restoring an edit of a pending file brings the pending content back
+	// (the pre-image is not the workspace's).
+	h.overwrite("f.txt", "pending\n")
+	_, err = h.e.OpenSnapshot("t3", "", os.Getpid(), nil)
+	require.NoError(t, err)
+	h.overwrite("f.txt", "tool call\n")
+	_, err = h.e.CloseSnapshot("t3")
+	require.NoError(t, err)
+	_, err = h.e.Restore("t3")
+	require.NoError(t, err)
+	require.Equal(t, "pending\n", h.read("f.txt"))
+	require.Equal(t, []string{"modified f.txt"}, h.pending())
+	require.Equal(t, "before\n", h.baseRead("f.txt"))
+}
+
+// TestCapturePidBinding checks who a snapshot captures for: a bound
+// snapshot its process and descendants only, an unbound one every process,
+// and neither the daemon's own operations (pid 0).
+func TestCapturePidBinding(t *testing.T) {
+	self := os.Getpid()
+	unrelated := os.Getppid() // our parent is not our descendant
+	require.NotEqual(t, self, unrelated)
+
+	child := exec.Command("sleep", "30")
+	require.NoError(t, child.Start())
+	t.Cleanup(func() {
+		child.Process.Kill()
+		child.Wait()
+	})
+
+	write := func(h *harness, p string, c overlay.Caller) {
+		t.Helper()
+		f, _, err := h.e.Create(p, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC, 0o644, c)
+		require.NoError(t, err)
+		_, err = unix.Pwrite(f.Fd, []byte("w\n"), 0)
+		require.NoError(t, err)
+		h.e.Release(p, f, c)
+	}
+
+	t.Run("bound", func(t *testing.T) {
+		h, st := newSnapHarness(t, overlay.Staged)
+		h.baseFile("a", "a\n")
+		h.baseFile("b", "b\n")
+		h.baseFile("c", "c\n")
+		h.baseFile("d", "d\n")
+		info, err := h.e.OpenSnapshot("bound", "", self, nil)
+		require.NoError(t, err)
+		require.Equal(t, self, info.Pid)
+		write(h, "a", overlay.Caller{Pid: unrelated})
+		write(h, "b", overlay.Caller{Pid: self})
+		write(h, "c", overlay.Caller{Pid: child.Process.Pid})
+		write(h, "d", overlay.Caller{Pid: 0})
+		write(h, "e", overlay.Caller{Pid: 1 << 30}) // no such process
+		info, err = h.e.CloseSnapshot("bound")
+		require.NoError(t, err)
+		require.Equal(t, []string{"b", "c"}, info.Paths)
+		require.Equal(t, []string{"file b", "file c"}, entryKinds(t, st, "bound"))
+	})
+
+	t.Run("unbound", func(t *testing.T) {
+		h, st := newSnapHarness(t, overlay.Staged)
+		h.baseFile("a", "a\n")
+		h.baseFile("d", "d\n")
+		info, err := h.e.OpenSnapshot("any", "", 0, nil)
+		require.NoError(t, err)
+		require.Zero(t, info.Pid)
+		write(h, "a", overlay.Caller{Pid: unrelated})
+		write(h, "b", overlay.Caller{Pid: self})
+		write(h, "d", overlay.Caller{Pid: 0})
+		info, err = h.e.CloseSnapshot("any")
+		require.NoError(t, err)
+		require.Equal(t, []string{"a", "b"}, info.Paths)
+		require.Equal(t, []string{"file a", "absent b"}, entryKinds(t, st, "any"))
+	})
+
+	t.Run("two-bound-at-once", func(t *testing.T) {
+		h, st := newSnapHarness(t, overlay.Staged)
+		h.baseFile("mine", "m\n")
+		h.baseFile("theirs", "t\n")
+		h.baseFile("shared", "s\n")
+		_, err := h.e.OpenSnapshot("me", "", self, nil)
+		require.NoError(t, err)
+		_, err = h.e.OpenSnapshot("them", "", unrelated, nil)
+		require.NoError(t, err)
+		write(h, "mine", overlay.Caller{Pid: self})
+		write(h, "theirs", overlay.Caller{Pid: unrelated})
+		write(h, "shared", overlay.Caller{Pid: self})
+		write(h, "shared", overlay.Caller{Pid: unrelated})
+		me, err := h.e.CloseSnapshot("me")
+		require.NoError(t, err)
+		them, err := h.e.CloseSnapshot("them")
+		require.NoError(t, err)
+		require.Equal(t, []string{"mine", "shared"}, me.Paths)
+		require.Equal(t, []string{"theirs", "shared"}, them.Paths)
+		// "them" captured shared after "me" wrote it.
+		require.Equal(t, hashHex("s\n"), entryOf(t, st, "me", "shared", snapshot.KindFile).Hash)
+		require.Equal(t, hashHex("w\n"), entryOf(t, st, "them", "shared", snapshot.KindFile).Hash)
+
+		// Restoring "me" keeps the other tool call's change to its file.
+		res, err := h.e.Restore("me")
+		require.NoError(t, err)
+		require.Empty(t, res.Failed)
+		require.Equal(t, "m\n", h.read("mine"))
+		require.Equal(t, "w\n", h.read("theirs"))
+		require.Equal(t, []string{"modified theirs"}, h.pending())
+	})
+
+	t.Run("restore-is-not-captured", func(t *testing.T) {
+		h, _ := newSnapHarness(t, overlay.Staged)
+		h.baseFile("f", "f0\n")
+		_, err := h.e.OpenSnapshot("t1", "", self, nil)
+		require.NoError(t, err)
+		h.overwrite("f", "f1\n")
+		_, err = h.e.CloseSnapshot("t1")
+		require.NoError(t, err)
+		// An unbound snapshot is open while t1 is restored: the restore
+		// is the daemon's and must not be captured.
+		_, err = h.e.OpenSnapshot("watch", "", 0, nil)
+		require.NoError(t, err)
+		_, err = h.e.Restore("t1")
+		require.NoError(t, err)
+		info, err := h.e.CloseSnapshot("watch")
+		require.NoError(t, err)
+		require.Empty(t, info.Paths)
+		require.Equal(t, "f0\n", h.read("f"))
+	})
+}
+
+// TestCaptureExplicitPaths: with paths the snapshot captures them now
+// (directories with everything below) and is closed.
+func TestCaptureExplicitPaths(t *testing.T) {
+	h, st := newSnapHarness(t, overlay.Staged)
+	fillBase(h)
+	before := h.view()
+	info, err := h.e.OpenSnapshot("now", "", 0, []string{"f.txt", "d", "missing"})
+	require.NoError(t, err)
+	require.True(t, info.Closed)
+	got := entryKinds(t, st, "now")
+	sort.Strings(got)
+	require.Equal(t, []string{"absent missing", "dir d", "dir d/sub", "file d/sub/y", "file d/x", "file f.txt"}, got)
+
+	// Later mutations are not captured: the snapshot is closed.
+	h.overwrite("f.txt", "changed\n")
+	h.overwrite("d/x", "changed\n")
+	h.unlink("d/sub/y")
+	h.rmdir("d/sub")
+	h.create("missing", "now here\n")
+	_, err = h.e.Setattr("d", -1, overlay.SetAttr{Mode: u32(0o700)}, caller)
+	require.NoError(t, err)
+	require.Len(t, entryKinds(t, st, "now"), 6)
+
+	res, err := h.e.Restore("now")
+	require.NoError(t, err)
+	require.Empty(t, res.Failed)
+	require.Equal(t, before, h.view())
+	require.Empty(t, h.pending())
+}
+
+// TestCaptureUnboundReplacesUnbound: opening an unbound snapshot closes the
+// previous unbound one; bound ones stay open.
+func TestCaptureUnboundReplacesUnbound(t *testing.T) {
+	h, st := newSnapHarness(t, overlay.Staged)
+	_, err := h.e.OpenSnapshot("u1", "", 0, nil)
+	require.NoError(t, err)
+	_, err = h.e.OpenSnapshot("b1", "", os.Getpid(), nil)
+	require.NoError(t, err)
+	h.create("one", "1\n")
+	_, err = h.e.OpenSnapshot("u2", "", 0, nil)
+	require.NoError(t, err)
+	h.create("two", "2\n")
+
+	open := map[string]bool{}
+	for _, i := range st.List() {
+		open[i.ScopeID] = !i.Closed
+	}
+	require.Equal(t, map[string]bool{"u1": false, "b1": true, "u2": true}, open)
+	require.Equal(t, []string{"absent one"}, entryKinds(t, st, "u1"))
+	require.Equal(t, []string{"absent one", "absent two"}, entryKinds(t, st, "b1"))
+	require.Equal(t, []string{"absent two"}, entryKinds(t, st, "u2"))
+}
+
+// TestCaptureSurvivesRestart: snapshots are on disk; a new engine over the
+// same store restores them.
+func TestCaptureSurvivesRestart(t *testing.T) {
+	h, st := newSnapHarness(t, overlay.Staged)
+	fillBase(h)
+	before := h.view()
+	_, err := h.e.OpenSnapshot("t1", "", os.Getpid(), nil)
+	require.NoError(t, err)
+	h.overwrite("f.txt", "changed\n")
+	h.rename("d", "d2")
+	_, err = h.e.CloseSnapshot("t1")
+	require.NoError(t, err)
+	dir := filepath.Join(filepath.Dir(h.opts.Snapshots.List()[0].ID), "") // keep vet quiet about unused
+	_ = dir
+
+	require.NoError(t, h.e.Close())
+	h.e = nil
+	st2, err := snapshot.Open(snapDir(t, st, h), snapshot.Options{})
+	require.NoError(t, err)
+	h.opts.Snapshots = st2
+	h.open()
+	res, err := h.e.Restore("t1")
+	require.NoError(t, err)
+	require.Empty(t, res.Failed)
+	require.Equal(t, before, h.view())
+	require.Empty(t, h.pending())
+}
