@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,11 +30,18 @@ import (
 // tool mutations and are never captured. A failure fails the mutation:
 // nothing may change without its pre-image.
 func (e *Engine) capture(c Caller, paths ...string) error {
+	if c.Pid != 0 && e.redoValid.Load() {
+		// A new change after a rollback: redo would overwrite it.
+		e.redoValid.Store(false)
+	}
 	if e.snaps == nil || c.Pid == 0 || e.openSnaps.Load() == 0 {
 		return nil
 	}
 	open := e.snaps.OpenSnapshots()
 	for _, p := range paths {
+		if e.noCapture(p) {
+			continue
+		}
 		var pre *snapshot.Entry
 		for _, s := range open {
 			if s.Pid != 0 && !e.procs.descends(c.Pid, s.Pid) {
@@ -115,6 +123,9 @@ func (e *Engine) preImage(p string) (*snapshot.Entry, error) {
 		return nil, err
 	}
 	ent.Mode, ent.Uid, ent.Gid, ent.Mtime = st.Mode, st.Uid, st.Gid, st.Mtim.Nano()
+	if t := st.Mode & syscall.S_IFMT; t == syscall.S_IFREG || t == syscall.S_IFDIR {
+		ent.Xattrs = e.xattrsLocked(p)
+	}
 	switch st.Mode & syscall.S_IFMT {
 	case syscall.S_IFDIR:
 		ent.Kind = snapshot.KindDir
@@ -157,9 +168,9 @@ func (e *Engine) OpenSnapshot(scope, turn string, pid int, paths []string) (snap
 	if e.snaps == nil {
 		return snapshot.Info{}, errors.New("snapshots are not enabled")
 	}
-	if pid == 0 {
+	if pid == 0 && len(paths) == 0 && !internalScope(scope) {
 		for _, s := range e.snaps.OpenSnapshots() {
-			if s.Pid == 0 && s.ScopeID != scope {
+			if s.Pid == 0 && s.ScopeID != scope && !internalScope(s.ScopeID) {
 				e.CloseSnapshot(s.ScopeID)
 			}
 		}
@@ -240,6 +251,11 @@ type RestoreResult struct {
 // pre-image equal to the workspace drops the pending entry instead. The
 // operations are the daemon's own, so open snapshots do not capture them.
 func (e *Engine) Restore(scope string) (RestoreResult, error) {
+	return e.restoreFiltered(scope, func(string) bool { return true })
+}
+
+// restoreFiltered restores the entries of scope whose path keep accepts.
+func (e *Engine) restoreFiltered(scope string, keep func(string) bool) (RestoreResult, error) {
 	if e.snaps == nil {
 		return RestoreResult{}, errors.New("snapshots are not enabled")
 	}
@@ -251,15 +267,32 @@ func (e *Engine) Restore(scope string) (RestoreResult, error) {
 	seen := map[string]bool{}
 	for i := len(ents) - 1; i >= 0; i-- {
 		ent := ents[i]
+		if !keep(ent.Path) {
+			continue
+		}
 		if err := e.restoreEntry(ent); err != nil {
 			res.Failed = append(res.Failed, Failure{Path: ent.Path, Reason: err.Error()})
 			continue
+		}
+		e.normalize(ent.Path)
+		if ent.From != "" {
+			e.normalize(ent.From)
 		}
 		for _, p := range []string{ent.Path, ent.From} {
 			if p != "" && !seen[p] {
 				seen[p] = true
 				res.Restored = append(res.Restored, p)
 			}
+		}
+	}
+	// A second pass, parents first: a directory restored after its
+	// children (explicit captures list parents first) may only now let the
+	// workspace show through, which makes those children no change.
+	if e.Mode() == Staged {
+		byDepth := append([]string(nil), res.Restored...)
+		sort.SliceStable(byDepth, func(i, j int) bool { return depth(byDepth[i]) < depth(byDepth[j]) })
+		for _, p := range byDepth {
+			e.normalize(p)
 		}
 	}
 	e.record(Record{Op: "restore", Detail: fmt.Sprintf("%s: %d restored, %d failed", scope, len(res.Restored), len(res.Failed))})
@@ -278,7 +311,15 @@ func (e *Engine) restoreEntry(ent snapshot.Entry) error {
 		if _, err := e.Stat(ent.From); err == nil || !exists {
 			return nil // moved back already, or gone
 		}
-		return e.Rename(ent.Path, ent.From, unix.RENAME_NOREPLACE, daemon)
+		err := e.Rename(ent.Path, ent.From, unix.RENAME_NOREPLACE, daemon)
+		if errors.Is(err, syscall.EXDEV) {
+			// The old name still holds staged deletions that a rename
+			// would drop: move by copying, as mv does.
+			if err = e.copyTree(ent.Path, ent.From); err == nil {
+				err = e.removeTree(ent.Path)
+			}
+		}
+		return err
 	case snapshot.KindAbsent:
 		if !exists {
 			return nil
@@ -286,14 +327,15 @@ func (e *Engine) restoreEntry(ent snapshot.Entry) error {
 		return e.removeTree(ent.Path)
 	case snapshot.KindDir:
 		if isDir {
-			if st.Mode&0o7777 == ent.Mode&0o7777 {
-				return nil
+			if st.Mode&0o7777 != ent.Mode&0o7777 {
+				if _, err := e.Setattr(ent.Path, -1, SetAttr{Mode: ptr(ent.Mode & 0o7777)}, daemon); err != nil {
+					return err
+				}
 			}
-			_, err := e.Setattr(ent.Path, -1, SetAttr{Mode: ptr(ent.Mode & 0o7777)}, daemon)
-			return err
+			return e.restoreXattrs(ent.Path, ent.Xattrs)
 		}
 		if !exists && e.undelete(ent.Path) {
-			return nil
+			return e.restoreXattrs(ent.Path, ent.Xattrs)
 		}
 		if exists {
 			if err := e.removeTree(ent.Path); err != nil {
@@ -303,8 +345,10 @@ func (e *Engine) restoreEntry(ent snapshot.Entry) error {
 		if err := e.mkdirAll(parentOf(ent.Path)); err != nil {
 			return err
 		}
-		_, err := e.Mkdir(ent.Path, ent.Mode&0o7777, Caller{Uid: ent.Uid, Gid: ent.Gid})
-		return err
+		if _, err := e.Mkdir(ent.Path, ent.Mode&0o7777, Caller{Uid: ent.Uid, Gid: ent.Gid}); err != nil {
+			return err
+		}
+		return e.restoreXattrs(ent.Path, ent.Xattrs)
 	case snapshot.KindSymlink:
 		if exists {
 			if err := e.removeTree(ent.Path); err != nil {
@@ -327,7 +371,7 @@ func (e *Engine) restoreEntry(ent snapshot.Entry) error {
 			// pending entry rather than stage a copy of the workspace.
 			e.Discard([]string{ent.Path}, daemon)
 			if st, err := e.Stat(ent.Path); err == nil && st.Mode&syscall.S_IFMT == syscall.S_IFREG {
-				return nil
+				return e.restoreXattrs(ent.Path, ent.Xattrs)
 			}
 		}
 		return e.restoreFile(ent)
@@ -417,19 +461,28 @@ func (e *Engine) restoreFile(ent snapshot.Entry) error {
 	if err != nil {
 		return err
 	}
+	if err := e.restoreXattrs(ent.Path, ent.Xattrs); err != nil {
+		return err
+	}
 	mt := unix.NsecToTimespec(ent.Mtime)
 	_, err = e.Setattr(ent.Path, -1, SetAttr{Mode: ptr(ent.Mode & 0o7777), Uid: ptr(ent.Uid), Gid: ptr(ent.Gid), Mtime: &mt}, daemon)
 	return err
 }
 
-// baseHasBody reports whether the workspace file at ent.Path is the
-// pre-image (same size, mode and content hash).
+// baseHasBody reports whether the workspace file behind ent.Path (through
+// renamed directories) is the pre-image: same size, mode and content hash.
 func (e *Engine) baseHasBody(ent snapshot.Entry) bool {
-	st, err := e.base.lstat(ent.Path)
+	e.mu.RLock()
+	l, err := e.locate(ent.Path)
+	e.mu.RUnlock()
+	if err != nil || !l.hasBase {
+		return false
+	}
+	st, err := e.base.lstat(l.basePath)
 	if err != nil || !isRegular(st) || st.Size != ent.Size || st.Mode&0o7777 != ent.Mode&0o7777 {
 		return false
 	}
-	fd, err := e.base.open(ent.Path, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	fd, err := e.base.open(l.basePath, unix.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return false
 	}
@@ -456,6 +509,208 @@ func (e *Engine) mkdirAll(p string) error {
 		return nil
 	}
 	return err
+}
+
+// xattrsLocked reads p's extended attributes as the view shows them.
+func (e *Engine) xattrsLocked(p string) map[string][]byte {
+	lyr, rel, _, err := e.xattrTarget(p)
+	if err != nil {
+		return nil
+	}
+	buf := make([]byte, 64<<10)
+	n, err := lyr.listxattr(rel, buf)
+	if err != nil || n <= 0 {
+		return nil
+	}
+	out := map[string][]byte{}
+	val := make([]byte, 64<<10)
+	for _, name := range strings.Split(string(buf[:n]), "\x00") {
+		if name == "" || strings.HasPrefix(name, xattrPrefix) || !strings.HasPrefix(name, "user.") {
+			continue
+		}
+		if vn, err := lyr.getxattr(rel, name, val); err == nil {
+			out[name] = append([]byte(nil), val[:vn]...)
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// restoreXattrs makes p's user xattrs exactly want.
+func (e *Engine) restoreXattrs(p string, want map[string][]byte) error {
+	e.mu.RLock()
+	have := e.xattrsLocked(p)
+	e.mu.RUnlock()
+	for name := range have {
+		if _, ok := want[name]; !ok {
+			if err := e.Removexattr(p, name, daemon); err != nil {
+				return err
+			}
+		}
+	}
+	for name, v := range want {
+		if old, ok := have[name]; ok && string(old) == string(v) {
+			continue
+		}
+		if err := e.Setxattr(p, name, v, 0, daemon); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (e *Engine) baseXattrs(rel string) map[string][]byte {
+	buf := make([]byte, 64<<10)
+	n, err := e.base.listxattr(rel, buf)
+	if err != nil || n <= 0 {
+		return nil
+	}
+	out := map[string][]byte{}
+	val := make([]byte, 64<<10)
+	for _, name := range strings.Split(string(buf[:n]), "\x00") {
+		if strings.HasPrefix(name, "user.") && !strings.HasPrefix(name, xattrPrefix) {
+			if vn, err := e.base.getxattr(rel, name, val); err == nil {
+				out[name] = append([]byte(nil), val[:vn]...)
+			}
+		}
+	}
+	return out
+}
+
+func sameXattrs(a, b map[string][]byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || string(w) != string(v) {
+			return false
+		}
+	}
+	return true
+}
+
+// normalize drops p's pending entry when it shows just what the workspace
+// has (a restore made it so): staged mode keeps only real changes.
+func (e *Engine) normalize(p string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.mode != Staged {
+		return
+	}
+	m := e.index[p]
+	if m == nil || e.writers[m.uino] > 0 {
+		return
+	}
+	l, err := e.locate(p)
+	if err != nil {
+		return
+	}
+	bst := e.baseStat(l)
+	drop := false
+	switch m.Kind {
+	case KindWhiteout:
+		drop = bst == nil
+	case KindFile, KindSymlink:
+		ust, err := e.upper.lstat(p)
+		if err != nil || bst == nil || ust.Nlink > 1 || ust.Uid != bst.Uid || ust.Gid != bst.Gid {
+			return
+		}
+		if m.Kind == KindSymlink {
+			a, err1 := e.base.readlink(l.basePath)
+			b, err2 := e.readUpperSymlink(p)
+			drop = bst.Mode&syscall.S_IFMT == syscall.S_IFLNK && err1 == nil && err2 == nil && a == b
+		} else {
+			drop = isRegular(bst) && bst.Size == ust.Size && bst.Mode&0o7777 == ust.Mode&0o7777 && e.sameContent(l.basePath, p, bst.Size) &&
+				sameXattrs(e.xattrsLocked(p), e.baseXattrs(l.basePath))
+		}
+	case KindDir:
+		if m.Deleted || bst == nil || bst.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+			return
+		}
+		ust, err := e.upper.lstat(p)
+		if err != nil {
+			return
+		}
+		// A directory recreated where the workspace has one: let the
+		// workspace's entries show through again (those deleted keep
+		// their whiteouts), and it is no change when its attributes
+		// match.
+		nm := *m
+		nm.Opaque = false
+		nm.Container = m.Redirect == "" && ust.Mode&0o7777 == bst.Mode&0o7777 && ust.Uid == bst.Uid && ust.Gid == bst.Gid
+		if nm.Container {
+			nm.Base, nm.Ino = baselineOf(bst), e.baseIno(bst)
+		}
+		if nm != *m {
+			if e.writeMeta(p, &nm) != nil {
+				return
+			}
+			*m = nm
+		}
+		drop = nm.Container && len(e.children[p]) == 0
+	}
+	if !drop {
+		return
+	}
+	if e.upper.withParent(p, func(dirfd int, name string) error { return removeAllAt(dirfd, name) }) != nil {
+		return
+	}
+	e.dropEntry(p)
+	e.pruneContainers(p)
+}
+
+// copyTree copies the view's tree at from to to (which must not exist),
+// keeping modes and file times.
+func (e *Engine) copyTree(from, to string) error {
+	st, err := e.Stat(from)
+	if err != nil {
+		return err
+	}
+	owner := Caller{Uid: st.Uid, Gid: st.Gid}
+	switch st.Mode & syscall.S_IFMT {
+	case syscall.S_IFDIR:
+		if _, err := e.Mkdir(to, st.Mode&0o7777, owner); err != nil {
+			return err
+		}
+		ents, err := e.ReadDir(from)
+		if err != nil {
+			return err
+		}
+		for _, d := range ents {
+			if err := e.copyTree(joinPath(from, d.Name), joinPath(to, d.Name)); err != nil {
+				return err
+			}
+		}
+		return nil
+	case syscall.S_IFLNK:
+		t, err := e.Readlink(from)
+		if err != nil {
+			return err
+		}
+		_, err = e.Symlink(t, to, owner)
+		return err
+	case syscall.S_IFREG:
+		src, err := e.Open(from, unix.O_RDONLY, daemon)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(src.Fd)
+		dst, _, err := e.Create(to, unix.O_WRONLY|unix.O_EXCL, st.Mode&0o7777, owner)
+		if err != nil {
+			return err
+		}
+		_, err = copyBuffer(fdWriter(dst.Fd), fdReader(src.Fd))
+		e.Release(to, dst, daemon)
+		if err != nil {
+			return err
+		}
+		mt := unix.Timespec(st.Mtim)
+		_, err = e.Setattr(to, -1, SetAttr{Mtime: &mt}, daemon)
+		return err
+	}
+	return nil // special files are not copied
 }
 
 // removeTree removes p and everything below it from the view.

@@ -63,6 +63,7 @@ type Options struct {
 	// Snapshots is the content store pre-images are captured into; nil
 	// disables snapshots.
 	Snapshots *snapshot.Store
+	Turns     TurnOptions
 	// Hidden are workspace-relative paths that the merged view never shows
 	// and that cannot be created through it (a state dir inside the
 	// workspace).
@@ -96,6 +97,12 @@ type Engine struct {
 	snaps     *snapshot.Store
 	openSnaps atomic.Int64 // open snapshots: capture is skipped cheaply when 0
 	procs     procTree
+
+	turnOpts  TurnOptions
+	turnMu    sync.Mutex  // serializes turn starts, rollbacks and redo
+	redo      string      // scope of the redo snapshot; "" none (turnMu)
+	redoSeq   int         // (turnMu)
+	redoValid atomic.Bool // cleared by the first tool mutation after a rollback
 }
 
 // New opens the workspace and the state dir and loads the pending set.
@@ -122,7 +129,15 @@ func New(opts Options) (*Engine, error) {
 	if e.logf == nil {
 		e.logf = func(string, ...any) {}
 	}
+	e.turnOpts = opts.Turns
+	if e.turnOpts.MaxTurns <= 0 {
+		e.turnOpts.MaxTurns = 50
+	}
+	if e.turnOpts.MaxAge <= 0 {
+		e.turnOpts.MaxAge = 7 * 24 * time.Hour
+	}
 	if e.snaps = opts.Snapshots; e.snaps != nil {
+		e.dropStaleRedo()
 		e.openSnaps.Store(int64(len(e.snaps.OpenSnapshots())))
 	}
 	var err error

@@ -590,7 +590,13 @@ func (e *Engine) Link(oldp, newp string, c Caller) (*syscall.Stat_t, error) {
 }
 
 func (e *Engine) linkLocked(oldp, newp string, c Caller) (*syscall.Stat_t, error) {
-	if err := e.capture(c, newp); err != nil {
+	// In staged mode the old name is captured too: linking copies it up,
+	// and its pre-image lets a restore drop that copy again.
+	captured := []string{newp}
+	if e.mode == Staged {
+		captured = append(captured, oldp)
+	}
+	if err := e.capture(c, captured...); err != nil {
 		return nil, err
 	}
 	if e.mode == Immediate {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 )
 
@@ -80,7 +81,7 @@ func decodeManifest(data []byte) (decoded, error) {
 				return d, fmt.Errorf("line %d: line after the close marker", n)
 			}
 			if l.Closed {
-				if l.Entry != (Entry{}) {
+				if !isZeroEntry(l.Entry) {
 					return d, fmt.Errorf("line %d: close marker with entry fields", n)
 				}
 				d.closed = true
@@ -203,4 +204,13 @@ func validPath(p string) error {
 // validHash accepts a lowercase hex sha256, the only form blob names take.
 func validHash(h string) bool {
 	return len(h) == 64 && lowerHex(h)
+}
+
+// isZeroEntry reports whether e has no field set (a close marker line).
+func isZeroEntry(e Entry) bool {
+	if len(e.Xattrs) > 0 {
+		return false
+	}
+	e.Xattrs = nil
+	return reflect.DeepEqual(e, Entry{})
 }

@@ -40,6 +40,9 @@ type Entry struct {
 	Time   int64  `json:"time"` // capture time, unix ns
 	Pid    int    `json:"pid,omitempty"`
 	Comm   string `json:"comm,omitempty"`
+	// Xattrs holds a file's or directory's extended attributes (user
+	// visible ones), so a restore can put them back too.
+	Xattrs map[string][]byte `json:"xattrs,omitempty"`
 }
 
 // Info describes one snapshot.

@@ -96,7 +96,7 @@ func (b *backend) Initialize(ctx context.Context) (control.InitializeResult, err
 		Capabilities: map[string]bool{
 			"staged": true, "immediate": true, "commitPaths": true, "discardPaths": true,
 			"diff": true, "readText": true, "safeTextPatch": true, "log": true, "events": true,
-			"snapshots": true, "restoreToolCall": true,
+			"snapshots": true, "restoreToolCall": true, "turns": true, "rollback": true, "redo": true,
 		},
 	}, nil
 }

@@ -67,6 +67,10 @@ func init() {
 		{"snapshots", "snapshots: list snapshots, oldest first", runSnapshots},
 		{"drop", "drop SCOPE: delete a snapshot", runDrop},
 		{"exec", "exec --scope SCOPE [-C DIR] -- CMD [ARGS...]: run CMD in the mount as one tool call", runExec},
+		{"turn", "turn [ID] [--label TEXT]: start a turn (ends the previous one)", runTurn},
+		{"checkpoints", "checkpoints: list turns, newest first", runCheckpoints},
+		{"rollback", "rollback [TURN] [--force] [--diff] [-- PATH...]: return to the start of a turn", runRollback},
+		{"redo", "redo: take back the last rollback", runRedo},
 		{"run", "run [-m MOUNT] [--scope ID] [--workdir DIR] -- CMD [ARGS...]: run CMD at the workspace's own path, staged", runRun},
 	}
 }

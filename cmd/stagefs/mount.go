@@ -29,6 +29,9 @@ type mountConfig struct {
 	readyFd                      int
 	timeout                      time.Duration
 	snapshotCap                  int64
+	maxTurns                     int
+	maxTurnAge                   time.Duration
+	noCapture                    []string
 }
 
 func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
@@ -38,6 +41,9 @@ func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
 	fs.BoolVar(&cfg.foreground, "foreground", false, "stay attached; unmount on SIGINT/SIGTERM")
 	fs.BoolVar(&cfg.debug, "debug", false, "log every FUSE request")
 	fs.DurationVar(&cfg.timeout, "cache-timeout", time.Second, "how long the kernel caches names and attributes")
+	fs.IntVar(&cfg.maxTurns, "max-turns", 50, "turns kept for rollback")
+	fs.DurationVar(&cfg.maxTurnAge, "max-turn-age", 7*24*time.Hour, "turns older than this are pruned")
+	fs.StringArrayVar(&cfg.noCapture, "no-capture", nil, "glob of paths staged without capturing pre-images (repeatable)")
 	fs.Int64Var(&cfg.snapshotCap, "snapshot-cap", 1<<30, "bytes of snapshot pre-images kept; the oldest closed snapshots are evicted past it")
 	return fs
 }
@@ -170,7 +176,11 @@ func startBackground(cfg *mountConfig, args []string) error {
 	}
 	defer logf.Close()
 	dargs := []string{daemonCommand, "--ready-fd", "3", "--state", cfg.state, "--mode", cfg.mode,
-		"--cache-timeout", cfg.timeout.String(), "--snapshot-cap", strconv.FormatInt(cfg.snapshotCap, 10)}
+		"--cache-timeout", cfg.timeout.String(), "--snapshot-cap", strconv.FormatInt(cfg.snapshotCap, 10),
+		"--max-turns", strconv.Itoa(cfg.maxTurns), "--max-turn-age", cfg.maxTurnAge.String()}
+	for _, g := range cfg.noCapture {
+		dargs = append(dargs, "--no-capture", g)
+	}
 	if cfg.debug {
 		dargs = append(dargs, "--debug")
 	}

@@ -72,6 +72,7 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		Logf:      logger.Printf,
 		Hidden:    hidden,
 		Snapshots: snaps,
+		Turns:     overlay.TurnOptions{MaxTurns: cfg.maxTurns, MaxAge: cfg.maxTurnAge, NoCapture: cfg.noCapture},
 	})
 	if err != nil {
 		return err
@@ -99,6 +100,7 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 	}
 	ctl := control.NewServer(b, control.ServerOptions{Logf: logger.Printf})
 	b.registerSnapshots(ctl)
+	b.registerTurns(ctl)
 	b.ctl = ctl
 	go ctl.Serve(l)
 	go b.publishLoop()

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"stagefs/control"
@@ -35,6 +36,8 @@ func snapshotError(scope string, err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, snapshot.ErrNotFound) && strings.Contains(err.Error(), ": "):
+		return control.Errorf(control.CodeNotFound, "%s", strings.TrimPrefix(err.Error(), snapshot.ErrNotFound.Error()+": "))
 	case errors.Is(err, snapshot.ErrNotFound):
 		return control.Errorf(control.CodeNotFound, "no snapshot for scope %q", scope)
 	case errors.Is(err, snapshot.ErrExists):
@@ -48,21 +51,44 @@ func snapshotError(scope string, err error) error {
 }
 
 func (b *backend) openSnapshot(ctx context.Context, p control.SnapshotParams) (control.SnapshotInfo, error) {
-	if err := snapshot.ValidScope(p.ScopeID); err != nil {
-		return control.SnapshotInfo{}, control.Errorf(control.CodeInvalidParams, "scopeId: %v", err)
-	}
 	rel, err := b.relPaths(p.Paths)
 	if err != nil {
 		return control.SnapshotInfo{}, err
 	}
-	info, err := b.eng.OpenSnapshot(p.ScopeID, "", p.Pid, rel)
+	if err := checkScope(p.ScopeID); err != nil {
+		return control.SnapshotInfo{}, err
+	}
+	info, err := b.eng.OpenSnapshot(p.ScopeID, b.eng.CurrentTurn(), p.Pid, rel)
 	if err != nil {
 		return control.SnapshotInfo{}, snapshotError(p.ScopeID, err)
 	}
 	return snapshotInfo(info), nil
 }
 
+// reservedScope reports whether scope names a turn's own snapshot.
+func reservedScope(scope string) bool {
+	for _, p := range []string{"turn:", "post:", "redo:"} {
+		if strings.HasPrefix(scope, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func checkScope(scope string) error {
+	if err := snapshot.ValidScope(scope); err != nil {
+		return control.Errorf(control.CodeInvalidParams, "scopeId: %v", err)
+	}
+	if reservedScope(scope) {
+		return control.Errorf(control.CodeInvalidParams, "scopeId: the prefixes turn:, post: and redo: are reserved for turns")
+	}
+	return nil
+}
+
 func (b *backend) closeSnapshot(ctx context.Context, p control.ScopeParams) (control.SnapshotInfo, error) {
+	if err := checkScope(p.ScopeID); err != nil {
+		return control.SnapshotInfo{}, err
+	}
 	info, err := b.eng.CloseSnapshot(p.ScopeID)
 	if err != nil {
 		return control.SnapshotInfo{}, snapshotError(p.ScopeID, err)
@@ -71,6 +97,9 @@ func (b *backend) closeSnapshot(ctx context.Context, p control.ScopeParams) (con
 }
 
 func (b *backend) restore(ctx context.Context, p control.ScopeParams) (control.RestoreResult, error) {
+	if err := checkScope(p.ScopeID); err != nil {
+		return control.RestoreResult{}, err
+	}
 	res, err := b.eng.Restore(p.ScopeID)
 	if err != nil {
 		return control.RestoreResult{}, snapshotError(p.ScopeID, err)
@@ -87,12 +116,18 @@ func (b *backend) restore(ctx context.Context, p control.ScopeParams) (control.R
 func (b *backend) listSnapshots(ctx context.Context, _ struct{}) (control.ListSnapshotsResult, error) {
 	res := control.ListSnapshotsResult{Snapshots: []control.SnapshotInfo{}}
 	for _, i := range b.snaps.List() {
+		if reservedScope(i.ScopeID) {
+			continue // turns' own snapshots: see session/checkpoints
+		}
 		res.Snapshots = append(res.Snapshots, snapshotInfo(i))
 	}
 	return res, nil
 }
 
 func (b *backend) dropSnapshot(ctx context.Context, p control.ScopeParams) (control.DropSnapshotResult, error) {
+	if err := checkScope(p.ScopeID); err != nil {
+		return control.DropSnapshotResult{}, err
+	}
 	if info, ok := b.snaps.Lookup(p.ScopeID); ok && !info.Closed {
 		if _, err := b.eng.CloseSnapshot(p.ScopeID); err != nil {
 			return control.DropSnapshotResult{}, snapshotError(p.ScopeID, err)

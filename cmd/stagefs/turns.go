@@ -1,0 +1,219 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"stagefs/control"
+	"stagefs/internal/unidiff"
+	"stagefs/overlay"
+)
+
+func (b *backend) registerTurns(s *control.Server) {
+	s.Handle(control.MethodTurn, control.Typed(b.turn))
+	s.Handle(control.MethodCheckpoints, control.Typed(b.checkpoints))
+	s.Handle(control.MethodRollback, control.Typed(b.rollback))
+	s.Handle(control.MethodRedo, control.Typed(b.redo))
+}
+
+func turnInfo(t overlay.Turn) control.TurnInfo {
+	return control.TurnInfo{TurnID: t.ID, Label: t.Label, Started: t.Started.UTC().Format(time.RFC3339Nano), Open: t.Open, Files: len(t.Paths), Bytes: t.Bytes, Paths: t.Paths}
+}
+
+func (b *backend) turn(ctx context.Context, p control.TurnParams) (control.TurnInfo, error) {
+	t, err := b.eng.StartTurn(p.TurnID, p.Label)
+	if err != nil {
+		return control.TurnInfo{}, snapshotError("turn:"+p.TurnID, err)
+	}
+	return turnInfo(t), nil
+}
+
+func (b *backend) checkpoints(ctx context.Context, _ struct{}) (control.CheckpointsResult, error) {
+	res := control.CheckpointsResult{Turns: []control.TurnInfo{}}
+	for _, t := range b.eng.Turns() {
+		res.Turns = append(res.Turns, turnInfo(t))
+	}
+	return res, nil
+}
+
+func rollbackResult(r overlay.RollbackResult) control.RollbackResult {
+	out := control.RollbackResult{TurnID: r.Turn, RestoredPaths: nonNil(r.Restored), Conflicts: []control.Conflict{}, Failed: []control.Failure{}}
+	for _, c := range r.Conflicts {
+		out.Conflicts = append(out.Conflicts, control.Conflict{Path: c.Path, Reason: c.Reason, Expected: c.Expected, Actual: c.Actual})
+	}
+	for _, f := range r.Failed {
+		out.Failed = append(out.Failed, control.Failure{Path: f.Path, Reason: f.Reason})
+	}
+	return out
+}
+
+func (b *backend) rollback(ctx context.Context, p control.RollbackParams) (control.RollbackResult, error) {
+	rel, err := b.relPaths(p.Paths)
+	if err != nil {
+		return control.RollbackResult{}, err
+	}
+	if p.Diff {
+		changes, conflicts, err := b.eng.RollbackDiff(p.TurnID, rel)
+		if err != nil {
+			return control.RollbackResult{}, snapshotError("turn:"+p.TurnID, err)
+		}
+		var buf bytes.Buffer
+		if err := unidiff.Write(&buf, changes); err != nil {
+			return control.RollbackResult{}, err
+		}
+		out := rollbackResult(overlay.RollbackResult{Turn: p.TurnID, Conflicts: conflicts})
+		out.Diff = buf.String()
+		return out, nil
+	}
+	r, err := b.eng.Rollback(p.TurnID, rel, p.Force)
+	if err != nil {
+		return control.RollbackResult{}, snapshotError("turn:"+p.TurnID, err)
+	}
+	b.fs.Invalidate(r.Restored)
+	b.publish(control.Event{Kind: control.EventRolledBack, Paths: r.Restored, Detail: "rollback to the start of " + r.Turn})
+	if len(r.Conflicts) > 0 {
+		var ps []string
+		for _, c := range r.Conflicts {
+			ps = append(ps, c.Path)
+		}
+		b.publish(control.Event{Kind: "conflict", Paths: ps})
+	}
+	return rollbackResult(r), nil
+}
+
+func (b *backend) redo(ctx context.Context, _ struct{}) (control.RollbackResult, error) {
+	r, err := b.eng.Redo()
+	if err != nil {
+		return control.RollbackResult{}, snapshotError("redo", err)
+	}
+	b.fs.Invalidate(r.Restored)
+	b.publish(control.Event{Kind: control.EventRolledBack, Paths: r.Restored, Detail: "redo"})
+	return rollbackResult(r), nil
+}
+
+func runTurn(ctx context.Context, args []string) error {
+	var label string
+	cf, rest, c, err := parseClient("turn", args, func(fs *pflag.FlagSet) {
+		fs.StringVar(&label, "label", "", "a label shown by checkpoints (e.g. the user's message)")
+	})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if len(rest) > 1 {
+		return usagef("usage: stagefs turn [ID] [--label TEXT]")
+	}
+	p := control.TurnParams{Label: label}
+	if len(rest) == 1 {
+		p.TurnID = rest[0]
+	}
+	res, err := c.Turn(ctx, p)
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		return printJSON(res)
+	}
+	fmt.Printf("turn %s started\n", res.TurnID)
+	return nil
+}
+
+func runCheckpoints(ctx context.Context, args []string) error {
+	cf, _, c, err := parseClient("checkpoints", args, nil)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	res, err := c.Checkpoints(ctx)
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		return printJSON(res)
+	}
+	for _, t := range res.Turns {
+		state := ""
+		if t.Open {
+			state = " (open)"
+		}
+		fmt.Printf("%-12s %s  %d file(s)  %s  %s%s\n", t.TurnID, t.Started, t.Files, humanBytes(t.Bytes), t.Label, state)
+	}
+	return nil
+}
+
+func runRollback(ctx context.Context, args []string) error {
+	var force, diff bool
+	fs, cf := newClientFlags("rollback")
+	fs.BoolVar(&force, "force", false, "overwrite paths changed after the turn by someone else")
+	fs.BoolVar(&diff, "diff", false, "show what the rollback would change, change nothing")
+	if err := fs.Parse(args); err != nil {
+		return usagef("rollback: %v", err)
+	}
+	p := control.RollbackParams{Force: force, Diff: diff}
+	rest := fs.Args()
+	if n := fs.ArgsLenAtDash(); n >= 0 {
+		p.Paths = rest[n:]
+		rest = rest[:n]
+	}
+	if len(rest) > 1 {
+		return usagef("usage: stagefs rollback [TURN] [--force] [--diff] [-- PATH...]")
+	}
+	if len(rest) == 1 {
+		p.TurnID = rest[0]
+	}
+	c, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	res, err := c.Rollback(ctx, p)
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		if err := printJSON(res); err != nil {
+			return err
+		}
+	} else if diff {
+		fmt.Print(res.Diff)
+	} else {
+		for _, r := range res.RestoredPaths {
+			fmt.Printf("restored  %s\n", r)
+		}
+	}
+	if !cf.json {
+		for _, x := range res.Conflicts {
+			fmt.Printf("conflict  %s: %s (turn left %s, now %s)\n", x.Path, x.Reason, x.Expected, x.Actual)
+		}
+		for _, f := range res.Failed {
+			fmt.Printf("failed    %s: %s\n", f.Path, f.Reason)
+		}
+	}
+	if !diff && len(res.Conflicts)+len(res.Failed) > 0 {
+		return &conflictError{fmt.Sprintf("%d path(s) were not rolled back (use --force to overwrite conflicts)", len(res.Conflicts)+len(res.Failed))}
+	}
+	return nil
+}
+
+func runRedo(ctx context.Context, args []string) error {
+	cf, _, c, err := parseClient("redo", args, nil)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	res, err := c.Redo(ctx)
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		return printJSON(res)
+	}
+	for _, r := range res.RestoredPaths {
+		fmt.Printf("restored  %s\n", r)
+	}
+	return nil
+}

@@ -1,0 +1,78 @@
+package control
+
+import "context"
+
+// Turn methods: a turn groups the tool calls for one user message; every
+// path's first mutation in a turn is captured, so whole turns can be rolled
+// back and the rollback redone.
+const (
+	MethodTurn        = "session/turn"
+	MethodCheckpoints = "session/checkpoints"
+	MethodRollback    = "session/rollback"
+	MethodRedo        = "session/redo"
+
+	// EventRolledBack is published after a rollback or redo, with Paths.
+	EventRolledBack = "rolled_back"
+)
+
+// TurnParams starts a turn (ending the previous one). An empty TurnID gets
+// the next number.
+type TurnParams struct {
+	TurnID string `json:"turnId,omitempty"`
+	Label  string `json:"label,omitempty"`
+}
+
+// TurnInfo describes one turn.
+type TurnInfo struct {
+	TurnID  string   `json:"turnId"`
+	Label   string   `json:"label,omitempty"`
+	Started string   `json:"started"` // RFC3339Nano
+	Open    bool     `json:"open"`
+	Files   int      `json:"files"`
+	Bytes   int64    `json:"bytes"`
+	Paths   []string `json:"paths,omitempty"`
+}
+
+// CheckpointsResult lists turns, newest first.
+type CheckpointsResult struct {
+	Turns []TurnInfo `json:"turns"`
+}
+
+// RollbackParams returns the view to the start of TurnID (default: the
+// latest turn), undoing later turns too; with Paths only those. Diff shows
+// what would change without changing it.
+type RollbackParams struct {
+	TurnID string   `json:"turnId,omitempty"`
+	Paths  []string `json:"paths,omitempty"`
+	Force  bool     `json:"force,omitempty"`
+	Diff   bool     `json:"diff,omitempty"`
+}
+
+// RollbackResult reports a rollback (or, with Diff, what it would do).
+type RollbackResult struct {
+	TurnID        string     `json:"turnId"`
+	RestoredPaths []string   `json:"restoredPaths"`
+	Conflicts     []Conflict `json:"conflicts"`
+	Failed        []Failure  `json:"failed"`
+	Diff          string     `json:"diff,omitempty"`
+}
+
+func (c *Client) Turn(ctx context.Context, p TurnParams) (TurnInfo, error) {
+	var r TurnInfo
+	return r, c.Call(ctx, MethodTurn, p, &r)
+}
+
+func (c *Client) Checkpoints(ctx context.Context) (CheckpointsResult, error) {
+	var r CheckpointsResult
+	return r, c.Call(ctx, MethodCheckpoints, struct{}{}, &r)
+}
+
+func (c *Client) Rollback(ctx context.Context, p RollbackParams) (RollbackResult, error) {
+	var r RollbackResult
+	return r, c.Call(ctx, MethodRollback, p, &r)
+}
+
+func (c *Client) Redo(ctx context.Context) (RollbackResult, error) {
+	var r RollbackResult
+	return r, c.Call(ctx, MethodRedo, struct{}{}, &r)
+}

@@ -1,0 +1,609 @@
+package overlay
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"stagefs/internal/unidiff"
+	"stagefs/snapshot"
+)
+
+// Turns group tool calls between two turn boundaries. While a turn is open,
+// an unbound snapshot with scope "turn:ID" captures the first mutation of
+// each path by any process. When the turn ends, the post-images of its
+// paths are captured as "post:ID", so a later rollback can tell which paths
+// someone changed after the turn. A rollback first captures what it is
+// about to overwrite as "redo:N", so redo can take it back.
+const (
+	turnPrefix = "turn:"
+	postPrefix = "post:"
+	redoPrefix = "redo:"
+)
+
+// internalScope reports whether a scope belongs to turns rather than to a
+// host's tool call.
+func internalScope(s string) bool {
+	return strings.HasPrefix(s, turnPrefix) || strings.HasPrefix(s, postPrefix) || strings.HasPrefix(s, redoPrefix)
+}
+
+// TurnOptions bound what turns keep.
+type TurnOptions struct {
+	MaxTurns  int           // turns kept (default 50)
+	MaxAge    time.Duration // turns older than this are pruned (default 7 days)
+	NoCapture []string      // globs of paths staged without capturing pre-images
+}
+
+// Turn describes one turn.
+type Turn struct {
+	ID      string
+	Label   string
+	Started time.Time
+	Open    bool
+	Paths   []string
+	Bytes   int64
+}
+
+type turnLabel struct {
+	Label   string `json:"label,omitempty"`
+	Started int64  `json:"started"`
+}
+
+func (e *Engine) turnsFile() string { return filepath.Join(e.opts.StateDir, "turns.json") }
+
+func (e *Engine) loadTurnLabels() map[string]turnLabel {
+	m := map[string]turnLabel{}
+	if b, err := os.ReadFile(e.turnsFile()); err == nil {
+		json.Unmarshal(b, &m)
+	}
+	return m
+}
+
+func (e *Engine) saveTurnLabels(m map[string]turnLabel) error {
+	b, _ := json.Marshal(m)
+	tmp := e.turnsFile() + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	if f, err := os.Open(tmp); err == nil {
+		f.Sync()
+		f.Close()
+	}
+	return os.Rename(tmp, e.turnsFile())
+}
+
+// CurrentTurn returns the open turn's id, "" when none is open.
+func (e *Engine) CurrentTurn() string {
+	if e.snaps == nil {
+		return ""
+	}
+	for _, s := range e.snaps.OpenSnapshots() {
+		if strings.HasPrefix(s.ScopeID, turnPrefix) {
+			return strings.TrimPrefix(s.ScopeID, turnPrefix)
+		}
+	}
+	return ""
+}
+
+// StartTurn ends the open turn (capturing its post-images) and starts a
+// new one. An empty id gets the next number.
+func (e *Engine) StartTurn(id, label string) (Turn, error) {
+	if e.snaps == nil {
+		return Turn{}, errors.New("snapshots are not enabled")
+	}
+	e.turnMu.Lock()
+	defer e.turnMu.Unlock()
+	if err := e.endTurnLocked(); err != nil {
+		return Turn{}, err
+	}
+	labels := e.loadTurnLabels()
+	if id == "" {
+		n := len(labels) + 1
+		for {
+			id = fmt.Sprintf("t%d", n)
+			if _, ok := labels[id]; !ok {
+				if _, ok := e.snaps.Lookup(turnPrefix + id); !ok {
+					break
+				}
+			}
+			n++
+		}
+	}
+	if err := snapshot.ValidScope(turnPrefix + id); err != nil {
+		return Turn{}, err
+	}
+	// A turn id used again replaces the old turn.
+	e.dropTurn(id)
+	info, err := e.OpenSnapshot(turnPrefix+id, id, 0, nil)
+	if err != nil {
+		return Turn{}, err
+	}
+	labels[id] = turnLabel{Label: label, Started: info.Created}
+	if err := e.saveTurnLabels(labels); err != nil {
+		return Turn{}, err
+	}
+	e.pruneTurns(labels)
+	return Turn{ID: id, Label: label, Started: time.Unix(0, info.Created), Open: true}, nil
+}
+
+// EndTurn ends the open turn, if any.
+func (e *Engine) EndTurn() error {
+	e.turnMu.Lock()
+	defer e.turnMu.Unlock()
+	return e.endTurnLocked()
+}
+
+func (e *Engine) endTurnLocked() error {
+	cur := e.CurrentTurn()
+	if cur == "" {
+		return nil
+	}
+	info, err := e.CloseSnapshot(turnPrefix + cur)
+	if err != nil {
+		return err
+	}
+	return e.capturePost(cur, info.Paths)
+}
+
+// capturePost records what the turn left at each path it changed.
+func (e *Engine) capturePost(id string, paths []string) error {
+	e.snaps.Drop(postPrefix + id)
+	if len(paths) == 0 {
+		return nil
+	}
+	scope := postPrefix + id
+	if _, err := e.snaps.Create(scope, id, 0); err != nil {
+		return err
+	}
+	e.openSnaps.Add(1)
+	var err error
+	e.mu.RLock()
+	for _, p := range uniqStrings(paths) {
+		var pre *snapshot.Entry
+		if pre, err = e.preImage(p); err != nil {
+			break
+		}
+		if err = e.snaps.Add(scope, *pre); err != nil {
+			break
+		}
+	}
+	e.mu.RUnlock()
+	if _, cerr := e.CloseSnapshot(scope); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// dropStaleRedo removes redo snapshots a previous daemon left: redo does not
+// survive a restart.
+func (e *Engine) dropStaleRedo() {
+	for _, s := range e.snaps.List() {
+		if strings.HasPrefix(s.ScopeID, redoPrefix) {
+			e.snaps.Drop(s.ScopeID)
+		}
+	}
+}
+
+func uniqStrings(s []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, v := range s {
+		if !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func (e *Engine) dropTurn(id string) {
+	e.snaps.Drop(turnPrefix + id)
+	e.snaps.Drop(postPrefix + id)
+}
+
+// pruneTurns keeps the newest MaxTurns turns younger than MaxAge (the open
+// turn always stays), then collects unreferenced bodies.
+func (e *Engine) pruneTurns(labels map[string]turnLabel) {
+	turns := e.turnSnapshots()
+	cutoff := time.Now().Add(-e.turnOpts.MaxAge).UnixNano()
+	changed := false
+	for i, t := range turns {
+		tooMany := len(turns)-i > e.turnOpts.MaxTurns
+		if t.Closed && (tooMany || t.Created < cutoff) {
+			id := strings.TrimPrefix(t.ScopeID, turnPrefix)
+			e.dropTurn(id)
+			delete(labels, id)
+			changed = true
+		}
+	}
+	for id := range labels {
+		if _, ok := e.snaps.Lookup(turnPrefix + id); !ok {
+			delete(labels, id)
+			changed = true
+		}
+	}
+	if changed {
+		e.saveTurnLabels(labels)
+		e.snaps.GC()
+	}
+}
+
+// turnSnapshots lists the turn snapshots, oldest first.
+func (e *Engine) turnSnapshots() []snapshot.Info {
+	var out []snapshot.Info
+	for _, s := range e.snaps.List() {
+		if strings.HasPrefix(s.ScopeID, turnPrefix) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// touchedPaths lists the paths a snapshot changes, in capture order: its
+// entries' paths and the old names of the directories it moved.
+func (e *Engine) touchedPaths(scope string) ([]string, error) {
+	ents, err := e.snaps.Entries(scope)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, ent := range ents {
+		out = append(out, ent.Path)
+		if ent.From != "" {
+			out = append(out, ent.From)
+		}
+	}
+	return uniqStrings(out), nil
+}
+
+// Turns lists the turns, newest first.
+func (e *Engine) Turns() []Turn {
+	if e.snaps == nil {
+		return nil
+	}
+	labels := e.loadTurnLabels()
+	ts := e.turnSnapshots()
+	out := make([]Turn, 0, len(ts))
+	for i := len(ts) - 1; i >= 0; i-- {
+		s := ts[i]
+		id := strings.TrimPrefix(s.ScopeID, turnPrefix)
+		paths, _ := e.touchedPaths(s.ScopeID)
+		out = append(out, Turn{ID: id, Label: labels[id].Label, Started: time.Unix(0, s.Created), Open: !s.Closed, Paths: paths, Bytes: s.Bytes})
+	}
+	return out
+}
+
+// RollbackResult reports a rollback or a redo.
+type RollbackResult struct {
+	Turn      string
+	Restored  []string
+	Conflicts []Conflict
+	Failed    []Failure
+}
+
+// rollbackPlan is what a rollback to a turn would do.
+type rollbackPlan struct {
+	turns     []string                   // newest first
+	post      map[string]*snapshot.Entry // path -> what the newest turn touching it left
+	paths     []string
+	conflicts []Conflict
+}
+
+// planRollback finds the turns from turnID (default: the latest) to now,
+// the paths they changed (within only, when given) and the conflicts: paths
+// whose view is no longer what the turns left.
+func (e *Engine) planRollback(turnID string, only []string, force bool) (*rollbackPlan, error) {
+	ts := e.turnSnapshots()
+	if len(ts) == 0 {
+		return nil, fmt.Errorf("%w: no turns recorded", snapshot.ErrNotFound)
+	}
+	k := len(ts) - 1
+	if turnID != "" {
+		k = -1
+		for i, t := range ts {
+			if t.ScopeID == turnPrefix+turnID {
+				k = i
+			}
+		}
+		if k < 0 {
+			return nil, fmt.Errorf("%w: no turn %q", snapshot.ErrNotFound, turnID)
+		}
+	}
+	plan := &rollbackPlan{post: map[string]*snapshot.Entry{}}
+	seen := map[string]bool{}
+	for i := len(ts) - 1; i >= k; i-- {
+		id := strings.TrimPrefix(ts[i].ScopeID, turnPrefix)
+		plan.turns = append(plan.turns, id)
+		posts, _ := e.snaps.Entries(postPrefix + id)
+		byPath := map[string]*snapshot.Entry{}
+		for j := range posts {
+			byPath[posts[j].Path] = &posts[j]
+		}
+		touched, err := e.touchedPaths(ts[i].ScopeID)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range touched {
+			if !within(p, only) {
+				continue
+			}
+			if !seen[p] {
+				seen[p] = true
+				plan.paths = append(plan.paths, p)
+				plan.post[p] = byPath[p] // the newest turn's post-image
+			}
+		}
+	}
+	sort.Strings(plan.paths)
+	if force {
+		return plan, nil
+	}
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	for _, p := range plan.paths {
+		post := plan.post[p]
+		if post == nil {
+			continue // the turn is still open: what it left is the view
+		}
+		now, err := e.viewState(p)
+		if err != nil {
+			return nil, err
+		}
+		if !sameState(now, post) {
+			plan.conflicts = append(plan.conflicts, Conflict{Path: p, Reason: "changed after the turn by someone else", Expected: describe(post), Actual: describe(now)})
+		}
+	}
+	return plan, nil
+}
+
+// within reports whether p is at or below one of the paths (all when none).
+func within(p string, paths []string) bool {
+	if len(paths) == 0 {
+		return true
+	}
+	for _, q := range paths {
+		if isUnder(p, q) {
+			return true
+		}
+	}
+	return false
+}
+
+// viewState describes p in the view like a pre-image, hashing a file's
+// content without storing it.
+func (e *Engine) viewState(p string) (*snapshot.Entry, error) {
+	ent := &snapshot.Entry{Path: p}
+	l, err := e.locate(p)
+	var st *syscall.Stat_t
+	if err == nil {
+		st, err = e.statLoc(p, l)
+	}
+	if err != nil {
+		ent.Kind = snapshot.KindAbsent
+		return ent, nil
+	}
+	ent.Mode = st.Mode
+	switch st.Mode & syscall.S_IFMT {
+	case syscall.S_IFDIR:
+		ent.Kind = snapshot.KindDir
+	case syscall.S_IFLNK:
+		ent.Kind = snapshot.KindSymlink
+		if l.m != nil {
+			ent.Target, _ = e.readUpperSymlink(p)
+		} else {
+			ent.Target, _ = e.base.readlink(l.basePath)
+		}
+	case syscall.S_IFREG:
+		ent.Kind = snapshot.KindFile
+		var fd int
+		if l.m != nil {
+			fd, err = e.upper.open(p, syscall.O_RDONLY, 0)
+		} else {
+			fd, err = e.base.open(l.basePath, syscall.O_RDONLY|syscall.O_NONBLOCK, 0)
+		}
+		if err != nil {
+			return nil, err
+		}
+		ent.Hash, ent.Size = hashOf(fd), st.Size
+		syscall.Close(fd)
+	default:
+		ent.Kind = snapshot.KindAbsent
+	}
+	return ent, nil
+}
+
+func sameState(a, b *snapshot.Entry) bool {
+	if a.Kind != b.Kind {
+		return false
+	}
+	switch a.Kind {
+	case snapshot.KindFile:
+		return a.Hash == b.Hash
+	case snapshot.KindSymlink:
+		return a.Target == b.Target
+	}
+	return true
+}
+
+func describe(e *snapshot.Entry) string {
+	switch e.Kind {
+	case snapshot.KindFile:
+		return fmt.Sprintf("file sha256 %.12s…", e.Hash)
+	case snapshot.KindSymlink:
+		return "symlink to " + e.Target
+	}
+	return string(e.Kind)
+}
+
+// Rollback returns the view to its state at the start of turnID (default:
+// the latest turn), undoing later turns too, newest first; with paths, only
+// those. What it is about to overwrite is captured first, for Redo. Paths
+// changed after their turn by someone else are conflicts: kept, unless
+// force.
+func (e *Engine) Rollback(turnID string, paths []string, force bool) (RollbackResult, error) {
+	if e.snaps == nil {
+		return RollbackResult{}, errors.New("snapshots are not enabled")
+	}
+	e.turnMu.Lock()
+	defer e.turnMu.Unlock()
+	if err := e.endTurnLocked(); err != nil {
+		return RollbackResult{}, err
+	}
+	plan, err := e.planRollback(turnID, paths, force)
+	if err != nil {
+		return RollbackResult{}, err
+	}
+	res := RollbackResult{Turn: plan.turns[len(plan.turns)-1], Conflicts: plan.conflicts}
+	skip := map[string]bool{}
+	for _, c := range plan.conflicts {
+		skip[c.Path] = true
+	}
+	var touched []string
+	for _, p := range plan.paths {
+		if !skip[p] {
+			touched = append(touched, p)
+		}
+	}
+	// Redo: what the rollback overwrites, captured before it does.
+	e.dropRedo()
+	if len(touched) > 0 {
+		e.redoSeq++
+		scope := fmt.Sprintf("%s%d", redoPrefix, e.redoSeq)
+		if _, err := e.OpenSnapshot(scope, res.Turn, 0, touched); err != nil {
+			return res, fmt.Errorf("capture redo: %w", err)
+		}
+		e.redo = scope
+	}
+	seen := map[string]bool{}
+	for _, id := range plan.turns {
+		r, err := e.restoreFiltered(turnPrefix+id, func(p string) bool { return within(p, paths) && !skip[p] })
+		if err != nil {
+			return res, err
+		}
+		for _, p := range r.Restored {
+			if !seen[p] {
+				seen[p] = true
+				res.Restored = append(res.Restored, p)
+			}
+		}
+		res.Failed = append(res.Failed, r.Failed...)
+	}
+	sort.Strings(res.Restored)
+	e.redoValid.Store(e.redo != "")
+	e.record(Record{Op: "rollback", Detail: fmt.Sprintf("to the start of %s: %d restored, %d conflicts", res.Turn, len(res.Restored), len(res.Conflicts))})
+	return res, nil
+}
+
+// RollbackDiff shows what a rollback would change, without changing it.
+func (e *Engine) RollbackDiff(turnID string, paths []string) ([]unidiff.FileChange, []Conflict, error) {
+	if e.snaps == nil {
+		return nil, nil, errors.New("snapshots are not enabled")
+	}
+	plan, err := e.planRollback(turnID, paths, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The oldest turn's pre-image of each path is what rollback restores.
+	target := map[string]snapshot.Entry{}
+	for _, id := range plan.turns {
+		ents, _ := e.snaps.Entries(turnPrefix + id)
+		for _, ent := range ents {
+			if ent.Kind != snapshot.KindMoved && within(ent.Path, paths) {
+				target[ent.Path] = ent
+			}
+		}
+	}
+	var out []unidiff.FileChange
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	for _, p := range plan.paths {
+		ent, ok := target[p]
+		if !ok {
+			continue
+		}
+		ch := unidiff.FileChange{Path: p}
+		ch.Old, ch.OldMode = e.viewBody(p)
+		switch ent.Kind {
+		case snapshot.KindFile:
+			ch.NewMode = gitMode(ent.Mode)
+			if b, err := e.readBody(ent.Hash); err == nil {
+				ch.New = b
+			}
+		case snapshot.KindSymlink:
+			ch.New, ch.NewMode = []byte(ent.Target), 0o120000
+		}
+		if ch.OldMode == 0 && ch.NewMode == 0 {
+			continue
+		}
+		if ch.New == nil && ch.NewMode != 0 {
+			ch.New = []byte{}
+		}
+		out = append(out, ch)
+	}
+	return out, plan.conflicts, nil
+}
+
+func (e *Engine) readBody(hash string) ([]byte, error) {
+	r, err := e.snaps.OpenBody(hash)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	var buf strings.Builder
+	_, err = copyBuffer(&buf, r)
+	return []byte(buf.String()), err
+}
+
+// Redo takes back the last rollback, if nothing was changed since.
+func (e *Engine) Redo() (RollbackResult, error) {
+	e.turnMu.Lock()
+	defer e.turnMu.Unlock()
+	if e.redo == "" {
+		return RollbackResult{}, fmt.Errorf("%w: nothing to redo", snapshot.ErrNotFound)
+	}
+	if !e.redoValid.Load() {
+		e.dropRedo()
+		return RollbackResult{}, fmt.Errorf("%w: files were changed after the rollback, so redo was cleared", snapshot.ErrNotFound)
+	}
+	r, err := e.restoreFiltered(e.redo, func(string) bool { return true })
+	if err != nil {
+		return RollbackResult{}, err
+	}
+	e.dropRedo()
+	e.record(Record{Op: "redo", Detail: fmt.Sprintf("%d restored", len(r.Restored))})
+	return RollbackResult{Restored: r.Restored, Failed: r.Failed}, nil
+}
+
+func (e *Engine) dropRedo() {
+	if e.redo != "" {
+		e.snaps.Drop(e.redo)
+		e.redo = ""
+	}
+	e.redoValid.Store(false)
+}
+
+// noCapture reports whether p matches a --no-capture glob: the glob matches
+// p or one of its ancestors, and a glob without "/" matches any name in p.
+func (e *Engine) noCapture(p string) bool {
+	for _, g := range e.turnOpts.NoCapture {
+		for q := p; q != ""; q = parentOf(q) {
+			if ok, _ := path.Match(g, q); ok {
+				return true
+			}
+			if !strings.Contains(g, "/") {
+				_, name := splitPath(q)
+				if ok, _ := path.Match(g, name); ok {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,201 @@
+package overlay_test
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"stagefs/overlay"
+	snapstore "stagefs/snapshot"
+)
+
+// threeTurns stages three turns of changes over fillBase's workspace and
+// returns the view at the start of each turn.
+func threeTurns(t *testing.T, h *harness) (starts []map[string]string) {
+	t.Helper()
+	starts = append(starts, h.view())
+	_, err := h.e.StartTurn("t1", "edit and create")
+	require.NoError(t, err)
+	h.overwrite("f.txt", "f1\n")
+	h.mkdir("out")
+	h.create("out/o", "o\n")
+
+	starts = append(starts, h.view())
+	_, err = h.e.StartTurn("t2", "move and delete")
+	require.NoError(t, err)
+	h.rename("d", "d2")
+	h.overwrite("d2/x", "x2\n")
+	h.unlink("out/o")
+	h.unlink("g.txt")
+
+	starts = append(starts, h.view())
+	_, err = h.e.StartTurn("t3", "more edits")
+	require.NoError(t, err)
+	h.overwrite("f.txt", "f3\n")
+	h.create("new", "n\n")
+	return starts
+}
+
+func TestTurnsRollbackEachAndRedo(t *testing.T) {
+	for _, mode := range []overlay.Mode{overlay.Staged, overlay.Immediate} {
+		t.Run(string(mode), func(t *testing.T) {
+			for k := 2; k >= 0; k-- {
+				h, _ := newSnapHarness(t, mode)
+				fillBase(h)
+				ws := h.wsSnapshot()
+				starts := threeTurns(t, h)
+				end := h.view()
+				id := []string{"t1", "t2", "t3"}[k]
+
+				res, err := h.e.Rollback(id, nil, false)
+				require.NoError(t, err)
+				require.Empty(t, res.Conflicts)
+				require.Empty(t, res.Failed)
+				require.Equal(t, starts[k], h.view(), "view after rollback to the start of %s", id)
+				if mode == overlay.Staged {
+					require.Equal(t, ws, h.wsSnapshot(), "staged rollback must not touch the workspace")
+				}
+				if k == 0 && mode == overlay.Staged {
+					require.Empty(t, h.pending(), "rolled back to the workspace: nothing pending")
+				}
+
+				_, err = h.e.Redo()
+				require.NoError(t, err)
+				require.Equal(t, end, h.view(), "view after redo")
+				_, err = h.e.Redo()
+				require.Error(t, err, "a redo is used once")
+			}
+		})
+	}
+}
+
+func TestTurnsRollbackPaths(t *testing.T) {
+	h, _ := newSnapHarness(t, overlay.Staged)
+	fillBase(h)
+	threeTurns(t, h)
+	_, err := h.e.Rollback("t1", []string{"f.txt"}, false)
+	require.NoError(t, err)
+	require.Equal(t, "f0\n", h.read("f.txt"))
+	require.Equal(t, "n\n", h.read("new"), "paths outside the rollback keep their state")
+	require.Equal(t, "x2\n", h.read("d2/x"))
+}
+
+func TestTurnsNewMutationClearsRedo(t *testing.T) {
+	h, _ := newSnapHarness(t, overlay.Staged)
+	fillBase(h)
+	threeTurns(t, h)
+	_, err := h.e.Rollback("", nil, false)
+	require.NoError(t, err)
+	h.create("after", "a\n")
+	_, err = h.e.Redo()
+	require.ErrorIs(t, err, snapstore.ErrNotFound)
+	require.Equal(t, "f1\n", h.read("f.txt"), "the rollback stays")
+}
+
+// A user's edit after the turn, made directly in the workspace, is a
+// conflict: kept and reported, overwritten only with force.
+func TestTurnsConflictWithUserEdit(t *testing.T) {
+	h, _ := newSnapHarness(t, overlay.Staged)
+	h.baseFile("a", "a0\n")
+	h.baseFile("b", "b0\n")
+	_, err := h.e.StartTurn("t1", "")
+	require.NoError(t, err)
+	h.overwrite("a", "a1\n")
+	h.overwrite("b", "b1\n")
+	_, err = h.e.StartTurn("t2", "")
+	require.NoError(t, err)
+	h.commitAll()
+	// The user edits b in the workspace after the turn was committed.
+	require.NoError(t, os.WriteFile(h.wsPath("b"), []byte("user\n"), 0o644))
+
+	res, err := h.e.Rollback("t1", nil, false)
+	require.NoError(t, err)
+	require.Len(t, res.Conflicts, 1)
+	require.Equal(t, "b", res.Conflicts[0].Path)
+	require.Equal(t, "a0\n", h.read("a"))
+	require.Equal(t, "user\n", h.read("b"), "the user's edit is kept")
+
+	res, err = h.e.Rollback("t1", []string{"b"}, true)
+	require.NoError(t, err)
+	require.Empty(t, res.Conflicts)
+	require.Equal(t, "b0\n", h.read("b"))
+}
+
+func TestTurnsSurviveRestartAndList(t *testing.T) {
+	dir := t.TempDir()
+	h, _ := newSnapHarnessIn(t, overlay.Staged, dir)
+	fillBase(h)
+	starts := threeTurns(t, h)
+	turns := h.e.Turns()
+	require.Len(t, turns, 3)
+	require.Equal(t, "t3", turns[0].ID)
+	require.True(t, turns[0].Open)
+	require.Equal(t, "move and delete", turns[1].Label)
+	require.ElementsMatch(t, []string{"d2", "d", "d2/x", "out/o", "g.txt"}, turns[1].Paths)
+
+	require.NoError(t, h.e.Close())
+	h.e = nil
+	st, err := snapstore.Open(dir, snapstore.Options{})
+	require.NoError(t, err)
+	h.opts.Snapshots = st
+	h.open()
+	require.Equal(t, "t3", h.e.CurrentTurn())
+	_, err = h.e.Rollback("t2", nil, false)
+	require.NoError(t, err)
+	require.Equal(t, starts[1], h.view())
+}
+
+func TestTurnsRetention(t *testing.T) {
+	h, st := newSnapHarness(t, overlay.Staged)
+	require.NoError(t, h.e.Close())
+	h.e = nil
+	h.opts.Turns = overlay.TurnOptions{MaxTurns: 3}
+	h.open()
+	h.baseFile("f", "0\n")
+	for i := 0; i < 6; i++ {
+		_, err := h.e.StartTurn("", "")
+		require.NoError(t, err)
+		h.overwrite("f", string(rune('a'+i))+"\n")
+	}
+	turns := h.e.Turns()
+	require.Len(t, turns, 3, "at most MaxTurns are kept")
+	require.Equal(t, "t6", turns[0].ID)
+	for _, s := range st.List() {
+		require.NotContains(t, []string{"turn:t1", "turn:t2", "turn:t3", "post:t1", "post:t2"}, s.ScopeID)
+	}
+
+	// Age: with a tiny MaxAge, every closed turn goes at the next start.
+	require.NoError(t, h.e.Close())
+	h.e = nil
+	h.opts.Turns = overlay.TurnOptions{MaxAge: time.Nanosecond}
+	h.open()
+	_, err := h.e.StartTurn("last", "")
+	require.NoError(t, err)
+	turns = h.e.Turns()
+	require.Len(t, turns, 1)
+	require.Equal(t, "last", turns[0].ID)
+}
+
+func TestTurnsNoCapture(t *testing.T) {
+	h, st := newSnapHarness(t, overlay.Staged)
+	require.NoError(t, h.e.Close())
+	h.e = nil
+	h.opts.Turns = overlay.TurnOptions{NoCapture: []string{"node_modules", "build/*.o"}}
+	h.open()
+	_, err := h.e.StartTurn("t1", "")
+	require.NoError(t, err)
+	h.mkdir("node_modules")
+	h.create("node_modules/x.js", "x\n")
+	h.mkdir("build")
+	h.create("build/a.o", "o\n")
+	h.create("build/keep.txt", "k\n")
+	ents, err := st.Entries("turn:t1")
+	require.NoError(t, err)
+	var paths []string
+	for _, e := range ents {
+		paths = append(paths, e.Path)
+	}
+	require.ElementsMatch(t, []string{"build", "build/keep.txt"}, paths)
+}
