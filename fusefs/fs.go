@@ -439,6 +439,11 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 }
 
 func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	if h.sys.eng.Capturing() {
+		if err := h.sys.eng.BeforeWrite(h.n.path(), caller(ctx)); err != nil {
+			return 0, toErrno(err)
+		}
+	}
 	n, err := unix.Pwrite(h.f.Fd, data, off)
 	if err != nil {
 		return 0, toErrno(err)
@@ -489,5 +494,10 @@ func (h *handle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, 
 }
 
 func (h *handle) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
+	if h.sys.eng.Capturing() {
+		if err := h.sys.eng.BeforeWrite(h.n.path(), caller(ctx)); err != nil {
+			return toErrno(err)
+		}
+	}
 	return toErrno(unix.Fallocate(h.f.Fd, mode, int64(off), int64(size)))
 }

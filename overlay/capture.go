@@ -65,6 +65,33 @@ func (e *Engine) capture(c Caller, paths ...string) error {
 	return nil
 }
 
+// Capturing reports cheaply whether any snapshot is open, so the FUSE
+// layer computes a path for BeforeWrite only then.
+func (e *Engine) Capturing() bool { return e.snaps != nil && e.openSnaps.Load() > 0 }
+
+// BeforeWrite captures p's pre-image, if an open snapshot covering c has
+// not yet, before a write through a file that was opened earlier (an
+// editor or a log writer that opened it before the snapshot began). It is
+// cheap when no snapshot is open.
+func (e *Engine) BeforeWrite(p string, c Caller) error {
+	if e.snaps == nil || c.Pid == 0 || e.openSnaps.Load() == 0 {
+		return nil
+	}
+	need := false
+	for _, s := range e.snaps.OpenSnapshots() {
+		if (s.Pid == 0 || e.procs.descends(c.Pid, s.Pid)) && !e.snaps.Has(s.ScopeID, p) {
+			need = true
+			break
+		}
+	}
+	if !need {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.capture(c, p)
+}
+
 // captureMove records that the directory oldp is about to move to newp, so
 // restore moves it back instead of copying its tree.
 func (e *Engine) captureMove(c Caller, oldp, newp string) error {

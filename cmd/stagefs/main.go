@@ -137,7 +137,11 @@ func exitCode(err error) int {
 	}
 	var re *control.Error
 	if errors.As(err, &re) {
-		fmt.Fprintf(os.Stderr, "stagefs: %s (%s)\n", re.Message, re.Kind())
+		if k := re.Kind(); k != "" {
+			fmt.Fprintf(os.Stderr, "stagefs: %s (%s)\n", re.Message, k)
+		} else {
+			fmt.Fprintf(os.Stderr, "stagefs: %s\n", re.Message)
+		}
 		if re.Code == control.CodeStaleBase || re.Code == control.CodeConflict {
 			return exitConflict
 		}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -36,10 +37,14 @@ func snapshotError(scope string, err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, snapshot.ErrNotFound) && strings.Contains(err.Error(), ": "):
-		return control.Errorf(control.CodeNotFound, "%s", strings.TrimPrefix(err.Error(), snapshot.ErrNotFound.Error()+": "))
 	case errors.Is(err, snapshot.ErrNotFound):
-		return control.Errorf(control.CodeNotFound, "no snapshot for scope %q", scope)
+		// Turns say what is missing ("no turn t9", "nothing to redo");
+		// a missing snapshot is named by its scope.
+		detail := strings.TrimPrefix(err.Error(), snapshot.ErrNotFound.Error()+": ")
+		if detail == err.Error() || strings.HasPrefix(detail, "snapshot ") {
+			detail = fmt.Sprintf("no snapshot for scope %q", scope)
+		}
+		return control.Errorf(control.CodeNotFound, "%s", detail)
 	case errors.Is(err, snapshot.ErrExists):
 		return control.Errorf(control.CodeBusy, "a snapshot for scope %q is already open; close it first", scope)
 	case errors.Is(err, snapshot.ErrClosed):
