@@ -181,8 +181,16 @@ func runExec(ctx context.Context, args []string) error {
 	cmd := exec.Command(rest[0], rest[1:]...)
 	cmd.Dir = dir
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	// The command gets the terminal's signals itself; exec only waits.
-	signal.Ignore(syscall.SIGINT, syscall.SIGQUIT)
+	// The terminal delivers Ctrl-C to the command itself; exec only waits.
+	// Catching (not ignoring) the signals keeps the command's defaults:
+	// an ignored signal would be inherited ignored.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGQUIT)
+	defer signal.Stop(sigs)
+	go func() {
+		for range sigs {
+		}
+	}()
 	runErr := cmd.Run()
 	info, err := c.CloseSnapshot(context.Background(), scope)
 	if err != nil {
