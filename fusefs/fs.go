@@ -126,12 +126,14 @@ func toErrno(err error) syscall.Errno {
 	return syscall.EIO
 }
 
-func caller(ctx context.Context) overlay.Caller {
+// caller identifies the process behind a request. The kernel names the
+// calling thread; the engine counts it as its process.
+func (sys *FS) caller(ctx context.Context) overlay.Caller {
 	c, ok := fuse.FromContext(ctx)
 	if !ok {
 		return overlay.Caller{}
 	}
-	return overlay.Caller{Pid: int(c.Pid), Uid: c.Uid, Gid: c.Gid}
+	return overlay.Caller{Pid: sys.eng.Process(int(c.Pid)), Uid: c.Uid, Gid: c.Gid}
 }
 
 // node is one file or directory of the mount. Its identity is its path;
@@ -243,7 +245,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 	if h, ok := f.(*handle); ok && h.f.Writable {
 		fd = h.f.Fd
 	}
-	st, err := n.sys.eng.Setattr(n.path(), fd, a, caller(ctx))
+	st, err := n.sys.eng.Setattr(n.path(), fd, a, n.sys.caller(ctx))
 	if err != nil {
 		return toErrno(err)
 	}
@@ -253,7 +255,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	p := n.path()
-	f, err := n.sys.eng.Open(p, int(flags), caller(ctx))
+	f, err := n.sys.eng.Open(p, int(flags), n.sys.caller(ctx))
 	if err != nil {
 		return nil, 0, toErrno(err)
 	}
@@ -262,7 +264,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	p := n.child(name)
-	f, st, err := n.sys.eng.Create(p, int(flags), mode, caller(ctx))
+	f, st, err := n.sys.eng.Create(p, int(flags), mode, n.sys.caller(ctx))
 	if err != nil {
 		return nil, nil, 0, toErrno(err)
 	}
@@ -271,7 +273,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	st, err := n.sys.eng.Mkdir(n.child(name), mode, caller(ctx))
+	st, err := n.sys.eng.Mkdir(n.child(name), mode, n.sys.caller(ctx))
 	if err != nil {
 		return nil, toErrno(err)
 	}
@@ -279,7 +281,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 }
 
 func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	st, err := n.sys.eng.Mknod(n.child(name), mode, uint64(rdev), caller(ctx))
+	st, err := n.sys.eng.Mknod(n.child(name), mode, uint64(rdev), n.sys.caller(ctx))
 	if err != nil {
 		return nil, toErrno(err)
 	}
@@ -287,7 +289,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *f
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	st, err := n.sys.eng.Symlink(target, n.child(name), caller(ctx))
+	st, err := n.sys.eng.Symlink(target, n.child(name), n.sys.caller(ctx))
 	if err != nil {
 		return nil, toErrno(err)
 	}
@@ -299,7 +301,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if !ok {
 		return nil, syscall.EXDEV
 	}
-	st, err := n.sys.eng.Link(t.path(), n.child(name), caller(ctx))
+	st, err := n.sys.eng.Link(t.path(), n.child(name), n.sys.caller(ctx))
 	if err != nil {
 		return nil, toErrno(err)
 	}
@@ -307,11 +309,11 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 }
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
-	return toErrno(n.sys.eng.Unlink(n.child(name), caller(ctx)))
+	return toErrno(n.sys.eng.Unlink(n.child(name), n.sys.caller(ctx)))
 }
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
-	return toErrno(n.sys.eng.Rmdir(n.child(name), caller(ctx)))
+	return toErrno(n.sys.eng.Rmdir(n.child(name), n.sys.caller(ctx)))
 }
 
 func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
@@ -319,7 +321,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if !ok {
 		return syscall.EXDEV
 	}
-	return toErrno(n.sys.eng.Rename(n.child(name), np.child(newName), flags, caller(ctx)))
+	return toErrno(n.sys.eng.Rename(n.child(name), np.child(newName), flags, n.sys.caller(ctx)))
 }
 
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
@@ -366,11 +368,11 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 }
 
 func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	return toErrno(n.sys.eng.Setxattr(n.path(), attr, data, int(flags), caller(ctx)))
+	return toErrno(n.sys.eng.Setxattr(n.path(), attr, data, int(flags), n.sys.caller(ctx)))
 }
 
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
-	return toErrno(n.sys.eng.Removexattr(n.path(), attr, caller(ctx)))
+	return toErrno(n.sys.eng.Removexattr(n.path(), attr, n.sys.caller(ctx)))
 }
 
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
@@ -440,7 +442,7 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 
 func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	if h.sys.eng.Capturing() {
-		if err := h.sys.eng.BeforeWrite(h.n.path(), caller(ctx)); err != nil {
+		if err := h.sys.eng.BeforeWrite(h.n.path(), h.sys.caller(ctx)); err != nil {
 			return 0, toErrno(err)
 		}
 	}
@@ -471,7 +473,7 @@ func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 func (h *handle) Release(ctx context.Context) syscall.Errno {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.sys.eng.Release(h.path, h.f, caller(ctx))
+	h.sys.eng.Release(h.path, h.f, h.sys.caller(ctx))
 	return 0
 }
 
@@ -495,7 +497,7 @@ func (h *handle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, 
 
 func (h *handle) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
 	if h.sys.eng.Capturing() {
-		if err := h.sys.eng.BeforeWrite(h.n.path(), caller(ctx)); err != nil {
+		if err := h.sys.eng.BeforeWrite(h.n.path(), h.sys.caller(ctx)); err != nil {
 			return toErrno(err)
 		}
 	}

@@ -6,11 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"sort"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -55,7 +52,7 @@ func (e *Engine) capture(c Caller, paths ...string) error {
 				if pre, err = e.preImage(p); err != nil {
 					return fmt.Errorf("capture the pre-image of %s: %w", p, err)
 				}
-				pre.Pid, pre.Comm = c.Pid, e.comms.get(c.Pid)
+				pre.Pid, pre.Comm = c.Pid, e.procs.comm(c.Pid)
 			}
 			if err := e.snaps.Add(s.ScopeID, *pre); err != nil && !errors.Is(err, snapshot.ErrClosed) {
 				return fmt.Errorf("capture the pre-image of %s: %w", p, err)
@@ -102,7 +99,7 @@ func (e *Engine) captureMove(c Caller, oldp, newp string) error {
 		if s.Pid != 0 && !e.procs.descends(c.Pid, s.Pid) {
 			continue
 		}
-		err := e.snaps.Add(s.ScopeID, snapshot.Entry{Path: newp, From: oldp, Kind: snapshot.KindMoved, Pid: c.Pid, Comm: e.comms.get(c.Pid)})
+		err := e.snaps.Add(s.ScopeID, snapshot.Entry{Path: newp, From: oldp, Kind: snapshot.KindMoved, Pid: c.Pid, Comm: e.procs.comm(c.Pid)})
 		if err != nil && !errors.Is(err, snapshot.ErrClosed) {
 			return fmt.Errorf("capture the move of %s: %w", oldp, err)
 		}
@@ -762,65 +759,4 @@ func (e *Engine) removeTree(p string) error {
 		}
 	}
 	return e.Rmdir(p, daemon)
-}
-
-// procTree answers "is pid a descendant of ancestor?" from /proc, caching
-// parent pids briefly: one /proc read per process, not per operation.
-type procTree struct {
-	mu sync.Mutex
-	m  map[int]ppidEntry
-}
-
-type ppidEntry struct {
-	ppid int
-	at   time.Time
-}
-
-func (t *procTree) descends(pid, ancestor int) bool {
-	for i := 0; i < 128 && pid > 1; i++ {
-		if pid == ancestor {
-			return true
-		}
-		pid = t.ppid(pid)
-	}
-	return pid == ancestor
-}
-
-func (t *procTree) ppid(pid int) int {
-	now := time.Now()
-	t.mu.Lock()
-	if e, ok := t.m[pid]; ok && now.Sub(e.at) < commTTL {
-		t.mu.Unlock()
-		return e.ppid
-	}
-	t.mu.Unlock()
-	pp := readPpid(pid)
-	t.mu.Lock()
-	if t.m == nil || len(t.m) > 8192 {
-		t.m = map[int]ppidEntry{}
-	}
-	t.m[pid] = ppidEntry{pp, now}
-	t.mu.Unlock()
-	return pp
-}
-
-// readPpid parses the parent pid from /proc/PID/stat ("pid (comm) state
-// ppid ..."); the command name may hold spaces and parentheses, so the
-// fields are counted after the last ')'.
-func readPpid(pid int) int {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 2 {
-		return 0
-	}
-	n, _ := strconv.Atoi(f[1])
-	return n
 }

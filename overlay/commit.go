@@ -70,12 +70,15 @@ type commitRun struct {
 	force   bool
 	res     CommitResult
 	syncDir map[string]bool   // base dirs to fsync at the end
-	linked  map[uint64]string // upper inode -> base path committed (hard links)
+	linked  map[uint64]string // upper inode -> base path that already holds it (hard links)
 	failed  map[string]bool   // paths that did not commit; their descendants wait
+
+	pending  []preparedFile          // files written under temporary names
+	prepared map[uint64]preparedFile // upper inode -> its first prepared name (hard links)
 }
 
 func (e *Engine) commitLocked(sel []string, force bool) CommitResult {
-	r := &commitRun{e: e, force: force, syncDir: map[string]bool{}, linked: map[uint64]string{}, failed: map[string]bool{}}
+	r := &commitRun{e: e, force: force, syncDir: map[string]bool{}, linked: map[uint64]string{}, failed: map[string]bool{}, prepared: map[uint64]preparedFile{}}
 	// 1. Directory renames, shallowest destination first.
 	var redirects []string
 	for _, p := range sel {
@@ -135,6 +138,7 @@ func (e *Engine) commitLocked(sel []string, force bool) CommitResult {
 	for _, p := range files {
 		r.do(p, r.applyFile)
 	}
+	r.finishFiles()
 	// 5. Directory times last: creating children changed them.
 	for i := len(dirs) - 1; i >= 0; i-- {
 		if !r.failed[dirs[i]] {
@@ -383,31 +387,70 @@ func (r *commitRun) applyFile(p string, m *meta) error {
 	}
 	dir, _ := splitPath(p)
 	r.syncDir[dir] = true
-	tmp := ".stagefs-commit-" + e.tmpName()
+	tmp := commitTempPrefix + e.tmpName()
 	err = e.base.withParent(p, func(dirfd int, name string) error {
-		if first, ok := r.linked[ust.Ino]; ok && ust.Nlink > 1 {
-			// Another name of a file committed already: keep them one
+		if first, ok := r.prepared[ust.Ino]; ok && ust.Nlink > 1 {
+			// Another name of a file being committed: keep them one
 			// file in the workspace too.
-			err := e.base.withParent(first, func(fdir int, fname string) error {
+			return e.base.withParent(first.path, func(fdir int, _ string) error {
+				return unix.Linkat(fdir, first.tmp, dirfd, tmp, 0)
+			})
+		}
+		if first, ok := r.linked[ust.Ino]; ok && ust.Nlink > 1 {
+			return e.base.withParent(first, func(fdir int, fname string) error {
 				return unix.Linkat(fdir, fname, dirfd, tmp, 0)
 			})
-			if err != nil {
-				return err
-			}
-		} else if err := e.writeBaseEntry(p, m, ust, dirfd, tmp); err != nil {
-			unix.Unlinkat(dirfd, tmp, 0)
-			return err
 		}
-		if err := unix.Renameat(dirfd, tmp, dirfd, name); err != nil {
+		if err := e.writeBaseEntry(p, m, ust, dirfd, tmp); err != nil {
 			unix.Unlinkat(dirfd, tmp, 0)
 			return err
 		}
 		return nil
 	})
 	if err == nil {
-		r.linked[ust.Ino] = p
+		pf := preparedFile{path: p, tmp: tmp}
+		r.pending = append(r.pending, pf)
+		if _, ok := r.prepared[ust.Ino]; !ok {
+			r.prepared[ust.Ino] = pf
+		}
 	}
 	return err
+}
+
+// commitTempPrefix starts the names of the temporary files commit writes in
+// workspace directories; Recover removes any a crash left.
+const commitTempPrefix = ".stagefs-commit-"
+
+// preparedFile is a file written under a temporary name, waiting for its
+// rename.
+type preparedFile struct{ path, tmp string }
+
+// finishFiles renames every prepared (written and fsynced) file into
+// place. Writing them all first keeps the window in which the workspace
+// holds part of the commit short. A file whose rename fails moves from
+// committed to failed.
+func (r *commitRun) finishFiles() {
+	for _, pf := range r.pending {
+		err := r.e.base.withParent(pf.path, func(dirfd int, name string) error {
+			return unix.Renameat(dirfd, pf.tmp, dirfd, name)
+		})
+		if err != nil {
+			r.unprepare(pf, err)
+		}
+	}
+}
+
+// unprepare removes a prepared file's temporary and files it as failed.
+func (r *commitRun) unprepare(pf preparedFile, err error) {
+	r.e.base.withParent(pf.path, func(dirfd int, _ string) error { return unix.Unlinkat(dirfd, pf.tmp, 0) })
+	for i, p := range r.res.Committed {
+		if p == pf.path {
+			r.res.Committed = append(r.res.Committed[:i], r.res.Committed[i+1:]...)
+			break
+		}
+	}
+	r.failed[pf.path] = true
+	r.res.Failed = append(r.res.Failed, Failure{Path: pf.path, Reason: err.Error()})
 }
 
 // writeBaseEntry creates the staged entry p under a temporary name in the
@@ -586,6 +629,7 @@ func (e *Engine) Recover(unfinished []string) CommitResult {
 		return CommitResult{}
 	}
 	e.record(Record{Op: "commit_recover", Detail: fmt.Sprintf("%d path(s)", len(unfinished)), Time: time.Now().UnixNano()})
+	e.removeCommitTemps(unfinished)
 	return e.Commit(unfinished, false, Caller{})
 }
 
@@ -599,4 +643,26 @@ func uniq(s []string) []string {
 		}
 	}
 	return out
+}
+
+// removeCommitTemps removes the temporary files an interrupted commit left
+// in the workspace directories of its paths.
+func (e *Engine) removeCommitTemps(paths []string) {
+	dirs := map[string]bool{}
+	for _, p := range paths {
+		dirs[parentOf(p)] = true
+	}
+	for dir := range dirs {
+		fd, err := e.base.openDirRead(dir)
+		if err != nil {
+			continue
+		}
+		ents, _ := readDirents(fd)
+		for _, d := range ents {
+			if strings.HasPrefix(d.Name, commitTempPrefix) {
+				unix.Unlinkat(fd, d.Name, 0)
+			}
+		}
+		unix.Close(fd)
+	}
 }

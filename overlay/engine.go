@@ -92,11 +92,10 @@ type Engine struct {
 	// can tell cheaply that it may have to move to the upper copy.
 	copyGen atomic.Uint64
 	tmpSeq  atomic.Uint64
-	comms   commCache
 
 	snaps     *snapshot.Store
 	openSnaps atomic.Int64 // open snapshots: capture is skipped cheaply when 0
-	procs     procTree
+	procs     procCache
 
 	turnOpts  TurnOptions
 	turnMu    sync.Mutex  // serializes turn starts, rollbacks and redo

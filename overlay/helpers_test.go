@@ -21,7 +21,7 @@ var caller = overlay.Caller{Pid: os.Getpid()}
 // harness is a workspace, a state dir and an engine over them, with helpers
 // that fail the test on any unexpected error.
 type harness struct {
-	t     *testing.T
+	t     testing.TB
 	ws    string // the workspace (the base) on disk
 	state string // the state dir; upper/ and work/ live here
 	opts  overlay.Options
@@ -31,7 +31,7 @@ type harness struct {
 // newHarness makes an empty workspace and state dir and opens a staged
 // engine over them. Base content can be added with the base* helpers
 // afterwards: the engine reads the base lazily.
-func newHarness(t *testing.T, hidden ...string) *harness {
+func newHarness(t testing.TB, hidden ...string) *harness {
 	t.Helper()
 	h := &harness{t: t, ws: t.TempDir(), state: t.TempDir()}
 	h.opts = overlay.Options{Workspace: h.ws, StateDir: h.state, Mode: overlay.Staged, Hidden: hidden}
@@ -108,7 +108,7 @@ func (h *harness) requireBaseMissing(rel string) {
 // content (or link target) of every entry, by slash-separated relative path.
 // The format is the one view uses, so a committed workspace can be compared
 // with the merged view that preceded the commit.
-func snapshot(t *testing.T, root string) map[string]string {
+func snapshot(t testing.TB, root string) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {

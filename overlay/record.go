@@ -2,10 +2,6 @@ package overlay
 
 import (
 	"encoding/json"
-	"os"
-	"strconv"
-	"strings"
-	"sync"
 	"time"
 )
 
@@ -51,7 +47,7 @@ func (e *Engine) appendRecord(r Record, durable bool) {
 		r.Time = time.Now().UnixNano()
 	}
 	if r.Pid > 0 && r.Comm == "" {
-		r.Comm = e.comms.get(r.Pid)
+		r.Comm = e.procs.comm(r.Pid)
 	}
 	b, _ := json.Marshal(r)
 	var err error
@@ -87,41 +83,10 @@ func (e *Engine) changed() {
 	}
 }
 
-// commCache remembers process names briefly: one /proc read per process,
-// not per operation. A pid reused within the TTL may show the old name.
-type commCache struct {
-	mu sync.Mutex
-	m  map[int]commEntry
-}
-
-type commEntry struct {
-	name string
-	at   time.Time
-}
-
-const commTTL = 2 * time.Second
-
-func (c *commCache) get(pid int) string {
-	now := time.Now()
-	c.mu.Lock()
-	if e, ok := c.m[pid]; ok && now.Sub(e.at) < commTTL {
-		c.mu.Unlock()
-		return e.name
-	}
-	c.mu.Unlock()
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
-	name := strings.TrimSpace(string(b))
-	if err != nil {
-		name = ""
-	}
-	c.mu.Lock()
-	if c.m == nil || len(c.m) > 4096 {
-		c.m = map[int]commEntry{}
-	}
-	c.m[pid] = commEntry{name, now}
-	c.mu.Unlock()
-	return name
-}
-
 // Comm returns the command name of pid (cached briefly).
-func (e *Engine) Comm(pid int) string { return e.comms.get(pid) }
+func (e *Engine) Comm(pid int) string { return e.procs.comm(pid) }
+
+// Process returns the process (thread group) a thread id belongs to: FUSE
+// names the calling thread, and a multithreaded tool's writes must count as
+// the tool's.
+func (e *Engine) Process(tid int) int { return e.procs.process(tid) }
