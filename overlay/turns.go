@@ -290,8 +290,11 @@ type RollbackResult struct {
 
 // rollbackPlan is what a rollback to a turn would do.
 type rollbackPlan struct {
-	turns     []string                   // newest first
-	post      map[string]*snapshot.Entry // path -> what the newest turn touching it left
+	turns     []string                    // newest first
+	post      map[string]*snapshot.Entry  // path -> what the newest turn touching it left
+	pre       map[string][]snapshot.Entry // path -> its pre-images in those turns
+	target    map[string]snapshot.Entry   // path -> the oldest pre-image: what the rollback restores
+	moves     []snapshot.Entry            // directory moves, in the order the rollback undoes them
 	paths     []string
 	conflicts []Conflict
 }
@@ -316,11 +319,27 @@ func (e *Engine) planRollback(turnID string, only []string, force bool) (*rollba
 			return nil, fmt.Errorf("%w: no turn %q", snapshot.ErrNotFound, turnID)
 		}
 	}
-	plan := &rollbackPlan{post: map[string]*snapshot.Entry{}}
+	plan := &rollbackPlan{post: map[string]*snapshot.Entry{}, pre: map[string][]snapshot.Entry{}, target: map[string]snapshot.Entry{}}
 	seen := map[string]bool{}
 	for i := len(ts) - 1; i >= k; i-- {
 		id := strings.TrimPrefix(ts[i].ScopeID, turnPrefix)
 		plan.turns = append(plan.turns, id)
+		ents, err := e.snaps.Entries(ts[i].ScopeID)
+		if err != nil {
+			return nil, err
+		}
+		for j := len(ents) - 1; j >= 0; j-- {
+			ent := ents[j]
+			if !within(ent.Path, only) {
+				continue
+			}
+			if ent.Kind == snapshot.KindMoved {
+				plan.moves = append(plan.moves, ent)
+				continue
+			}
+			plan.pre[ent.Path] = append(plan.pre[ent.Path], ent)
+			plan.target[ent.Path] = ent // older turns come later and win
+		}
 		posts, _ := e.snaps.Entries(postPrefix + id)
 		byPath := map[string]*snapshot.Entry{}
 		for j := range posts {
@@ -356,7 +375,9 @@ func (e *Engine) planRollback(turnID string, only []string, force bool) (*rollba
 		if err != nil {
 			return nil, err
 		}
-		if !sameState(now, post) {
+		if !sameState(now, post) && !matchesAny(now, plan.pre[p]) {
+			// Neither what the turns left nor a state a rollback of them
+			// restores (an earlier rollback): someone else changed it.
 			plan.conflicts = append(plan.conflicts, Conflict{Path: p, Reason: "changed after the turn by someone else", Expected: describe(post), Actual: describe(now)})
 		}
 	}
@@ -419,6 +440,15 @@ func (e *Engine) viewState(p string) (*snapshot.Entry, error) {
 	return ent, nil
 }
 
+func matchesAny(now *snapshot.Entry, pres []snapshot.Entry) bool {
+	for i := range pres {
+		if sameState(now, &pres[i]) {
+			return true
+		}
+	}
+	return false
+}
+
 func sameState(a, b *snapshot.Entry) bool {
 	if a.Kind != b.Kind {
 		return false
@@ -476,7 +506,8 @@ func (e *Engine) Rollback(turnID string, paths []string, force bool) (RollbackRe
 	if len(touched) > 0 {
 		e.redoSeq++
 		scope := fmt.Sprintf("%s%d", redoPrefix, e.redoSeq)
-		if _, err := e.OpenSnapshot(scope, res.Turn, 0, touched); err != nil {
+		if err := e.captureRedo(scope, res.Turn, touched, plan.moves, skip); err != nil {
+			e.snaps.Drop(scope)
 			return res, fmt.Errorf("capture redo: %w", err)
 		}
 		e.redo = scope
@@ -501,53 +532,146 @@ func (e *Engine) Rollback(turnID string, paths []string, force bool) (RollbackRe
 	return res, nil
 }
 
-// RollbackDiff shows what a rollback would change, without changing it.
-func (e *Engine) RollbackDiff(turnID string, paths []string) ([]unidiff.FileChange, []Conflict, error) {
+// captureRedo records what a rollback is about to overwrite: each path's
+// current state (parents first), then the directory moves the rollback will
+// undo, as moves the other way. Restore goes newest capture first, so redo
+// moves the directories back before it puts their contents back.
+func (e *Engine) captureRedo(scope, turn string, paths []string, moves []snapshot.Entry, skip map[string]bool) error {
+	if _, err := e.snaps.Create(scope, turn, 0); err != nil {
+		return err
+	}
+	e.openSnaps.Add(1)
+	defer e.CloseSnapshot(scope)
+	byDepth := append([]string(nil), paths...)
+	sort.SliceStable(byDepth, func(i, j int) bool { return depth(byDepth[i]) < depth(byDepth[j]) })
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	for _, p := range byDepth {
+		pre, err := e.preImage(p)
+		if err != nil {
+			return err
+		}
+		if err := e.snaps.Add(scope, *pre); err != nil {
+			return err
+		}
+	}
+	for _, m := range moves {
+		if skip[m.Path] || skip[m.From] {
+			continue
+		}
+		// The rollback moves m.Path back to m.From; redo moves it again.
+		if err := e.snaps.Add(scope, snapshot.Entry{Kind: snapshot.KindMoved, Path: m.From, From: m.Path}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// RollbackDiff shows what a rollback would change, without changing it:
+// directory moves as deletions at the new name and creations at the old,
+// and without the conflicts the rollback would keep (unless force).
+func (e *Engine) RollbackDiff(turnID string, paths []string, force bool) ([]unidiff.FileChange, []Conflict, error) {
 	if e.snaps == nil {
 		return nil, nil, errors.New("snapshots are not enabled")
 	}
-	plan, err := e.planRollback(turnID, paths, false)
+	plan, err := e.planRollback(turnID, paths, force)
 	if err != nil {
 		return nil, nil, err
 	}
-	// The oldest turn's pre-image of each path is what rollback restores.
-	target := map[string]snapshot.Entry{}
-	for _, id := range plan.turns {
-		ents, _ := e.snaps.Entries(turnPrefix + id)
-		for _, ent := range ents {
-			if ent.Kind != snapshot.KindMoved && within(ent.Path, paths) {
-				target[ent.Path] = ent
+	skip := map[string]bool{}
+	for _, c := range plan.conflicts {
+		skip[c.Path] = true
+	}
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	type state struct {
+		body []byte
+		mode uint32
+	}
+	// after holds the state each changed path will have; a nil state is no
+	// file. The rollback restores the pre-images first (at the names they
+	// were captured under), and moves directories back after them.
+	after := map[string]*state{}
+	for p, ent := range plan.target {
+		if skip[p] {
+			continue
+		}
+		switch ent.Kind {
+		case snapshot.KindFile:
+			b, err := e.readBody(ent.Hash)
+			if err != nil {
+				return nil, nil, err
 			}
+			after[p] = &state{b, gitMode(ent.Mode)}
+		case snapshot.KindSymlink:
+			after[p] = &state{[]byte(ent.Target), 0o120000}
+		default:
+			after[p] = nil // absent, or a directory: no file there
+		}
+	}
+	for _, m := range plan.moves {
+		if skip[m.Path] || skip[m.From] {
+			continue
+		}
+		moving := map[string]*state{}
+		e.walkView(m.Path, func(q string) {
+			if _, ok := after[q]; !ok {
+				b, mode := e.viewBody(q)
+				if mode != 0 {
+					moving[q] = &state{b, mode}
+				}
+			}
+		})
+		for q, a := range after {
+			if a != nil && isUnder(q, m.Path) {
+				moving[q] = a
+			}
+		}
+		for q, a := range moving {
+			after[q] = nil
+			after[m.From+strings.TrimPrefix(q, m.Path)] = a
 		}
 	}
 	var out []unidiff.FileChange
-	e.mu.RLock()
-	defer e.mu.RUnlock()
-	for _, p := range plan.paths {
-		ent, ok := target[p]
-		if !ok {
-			continue
-		}
+	for p, a := range after {
 		ch := unidiff.FileChange{Path: p}
 		ch.Old, ch.OldMode = e.viewBody(p)
-		switch ent.Kind {
-		case snapshot.KindFile:
-			ch.NewMode = gitMode(ent.Mode)
-			if b, err := e.readBody(ent.Hash); err == nil {
-				ch.New = b
+		if a != nil {
+			ch.New, ch.NewMode = a.body, a.mode
+			if ch.New == nil {
+				ch.New = []byte{}
 			}
-		case snapshot.KindSymlink:
-			ch.New, ch.NewMode = []byte(ent.Target), 0o120000
 		}
-		if ch.OldMode == 0 && ch.NewMode == 0 {
+		if ch.OldMode == ch.NewMode && string(ch.Old) == string(ch.New) {
 			continue
-		}
-		if ch.New == nil && ch.NewMode != 0 {
-			ch.New = []byte{}
 		}
 		out = append(out, ch)
 	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out, plan.conflicts, nil
+}
+
+// walkView calls fn for every file and symlink at or below p in the view.
+func (e *Engine) walkView(p string, fn func(string)) {
+	l, err := e.locate(p)
+	if err != nil {
+		return
+	}
+	st, err := e.statLoc(p, l)
+	if err != nil {
+		return
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		fn(p)
+		return
+	}
+	ents, err := e.readDirLocked(p)
+	if err != nil {
+		return
+	}
+	for _, d := range ents {
+		e.walkView(joinPath(p, d.Name), fn)
+	}
 }
 
 func (e *Engine) readBody(hash string) ([]byte, error) {

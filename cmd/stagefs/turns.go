@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -57,7 +58,7 @@ func (b *backend) rollback(ctx context.Context, p control.RollbackParams) (contr
 		return control.RollbackResult{}, err
 	}
 	if p.Diff {
-		changes, conflicts, err := b.eng.RollbackDiff(p.TurnID, rel)
+		changes, conflicts, err := b.eng.RollbackDiff(p.TurnID, rel, p.Force)
 		if err != nil {
 			return control.RollbackResult{}, snapshotError("turn:"+p.TurnID, err)
 		}
@@ -186,11 +187,16 @@ func runRollback(ctx context.Context, args []string) error {
 		}
 	}
 	if !cf.json {
+		// With --diff, stdout is the patch alone: the notes go to stderr.
+		notes := os.Stdout
+		if diff {
+			notes = os.Stderr
+		}
 		for _, x := range res.Conflicts {
-			fmt.Printf("conflict  %s: %s (turn left %s, now %s)\n", x.Path, x.Reason, x.Expected, x.Actual)
+			fmt.Fprintf(notes, "conflict  %s: %s (turn left %s, now %s)\n", x.Path, x.Reason, x.Expected, x.Actual)
 		}
 		for _, f := range res.Failed {
-			fmt.Printf("failed    %s: %s\n", f.Path, f.Reason)
+			fmt.Fprintf(notes, "failed    %s: %s\n", f.Path, f.Reason)
 		}
 	}
 	if !diff && len(res.Conflicts)+len(res.Failed) > 0 {
