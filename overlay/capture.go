@@ -132,7 +132,12 @@ func (e *Engine) captureRename(c Caller, oldp, newp string) error {
 
 // preImage reads p's state in the merged view; a file's body goes to the
 // content store.
-func (e *Engine) preImage(p string) (*snapshot.Entry, error) {
+func (e *Engine) preImage(p string) (*snapshot.Entry, error) { return e.readState(p, true) }
+
+// viewState reads p's state like preImage, but only hashes a file's body.
+func (e *Engine) viewState(p string) (*snapshot.Entry, error) { return e.readState(p, false) }
+
+func (e *Engine) readState(p string, keepBody bool) (*snapshot.Entry, error) {
 	ent := &snapshot.Entry{Path: p, Time: time.Now().UnixNano()}
 	l, err := e.locate(p)
 	var st *syscall.Stat_t
@@ -171,7 +176,11 @@ func (e *Engine) preImage(p string) (*snapshot.Entry, error) {
 		if err != nil {
 			return nil, err
 		}
-		ent.Hash, ent.Size, err = e.snaps.PutBody(fdReader(fd))
+		if keepBody {
+			ent.Hash, ent.Size, err = e.snaps.PutBody(fdReader(fd))
+		} else {
+			ent.Hash, ent.Size = hashOf(fd), st.Size
+		}
 		unix.Close(fd)
 	default:
 		// FIFOs, sockets and devices carry no content; restore

@@ -21,12 +21,21 @@ type layer struct {
 
 // openDir opens the directory at rel ("" is the root) for *at calls.
 func (l layer) openDir(rel string) (int, error) {
+	return l.openDirFlags(rel, unix.O_PATH)
+}
+
+// openDirRead opens the directory at rel for reading its entries.
+func (l layer) openDirRead(rel string) (int, error) {
+	return l.openDirFlags(rel, unix.O_RDONLY)
+}
+
+func (l layer) openDirFlags(rel string, flags int) (int, error) {
 	if rel == "" {
 		rel = "."
 	}
 	for {
 		fd, err := unix.Openat2(l.fd, rel, &unix.OpenHow{
-			Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+			Flags:   uint64(flags | unix.O_DIRECTORY | unix.O_CLOEXEC),
 			Resolve: beneath,
 		})
 		if err == unix.EINTR || err == unix.EAGAIN {
@@ -151,26 +160,6 @@ func errnoOf(err error) syscall.Errno {
 		return e
 	}
 	return syscall.EIO
-}
-
-// openDirRead opens the directory at rel for reading its entries.
-func (l layer) openDirRead(rel string) (int, error) {
-	if rel == "" {
-		rel = "."
-	}
-	for {
-		fd, err := unix.Openat2(l.fd, rel, &unix.OpenHow{
-			Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC,
-			Resolve: beneath,
-		})
-		if err == unix.EINTR || err == unix.EAGAIN {
-			continue
-		}
-		if err == unix.ELOOP || err == unix.EXDEV {
-			err = syscall.ENOTDIR
-		}
-		return fd, err
-	}
 }
 
 // procPath names rel's last component through its parent's descriptor, for

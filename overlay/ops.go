@@ -144,6 +144,27 @@ func (e *Engine) Release(p string, f *File, c Caller) {
 	unix.Close(f.Fd)
 }
 
+// immediateCreate makes a new entry at p in the workspace (immediate
+// mode) with make, owned by the caller, and returns its attributes.
+func (e *Engine) immediateCreate(p string, c Caller, make func(dirfd int, name string) error) (*syscall.Stat_t, error) {
+	if err := e.immediateHidden("", p); err != nil {
+		return nil, err
+	}
+	err := e.base.withParent(p, func(dirfd int, name string) error {
+		if err := make(dirfd, name); err != nil {
+			return err
+		}
+		if c.Uid != 0 || c.Gid != 0 {
+			unix.Fchownat(dirfd, name, int(c.Uid), int(c.Gid), unix.AT_SYMLINK_NOFOLLOW)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return e.statLoc(p, loc{basePath: p, hasBase: true})
+}
+
 // immediateHidden refuses in immediate mode, where operations go straight
 // to the workspace, what locate and prepareNew refuse in staged mode: a
 // hidden path does not exist (ENOENT) and cannot be created (EACCES).
@@ -403,22 +424,9 @@ func (e *Engine) mkdirLocked(p string, mode uint32, c Caller) (*syscall.Stat_t, 
 		return nil, err
 	}
 	if e.mode == Immediate {
-		if err := e.immediateHidden("", p); err != nil {
-			return nil, err
-		}
-		err := e.base.withParent(p, func(dirfd int, name string) error {
-			if err := unix.Mkdirat(dirfd, name, mode&0o7777); err != nil {
-				return err
-			}
-			if c.Uid != 0 || c.Gid != 0 {
-				unix.Fchownat(dirfd, name, int(c.Uid), int(c.Gid), unix.AT_SYMLINK_NOFOLLOW)
-			}
-			return nil
+		return e.immediateCreate(p, c, func(dirfd int, name string) error {
+			return unix.Mkdirat(dirfd, name, mode&0o7777)
 		})
-		if err != nil {
-			return nil, err
-		}
-		return e.statLoc(p, loc{basePath: p, hasBase: true})
 	}
 	l, m, err := e.prepareNew(p, KindDir, c)
 	if err != nil {
@@ -480,22 +488,9 @@ func (e *Engine) symlinkLocked(target, p string, c Caller) (*syscall.Stat_t, err
 		return nil, err
 	}
 	if e.mode == Immediate {
-		if err := e.immediateHidden("", p); err != nil {
-			return nil, err
-		}
-		err := e.base.withParent(p, func(dirfd int, name string) error {
-			if err := unix.Symlinkat(target, dirfd, name); err != nil {
-				return err
-			}
-			if c.Uid != 0 || c.Gid != 0 {
-				unix.Fchownat(dirfd, name, int(c.Uid), int(c.Gid), unix.AT_SYMLINK_NOFOLLOW)
-			}
-			return nil
+		return e.immediateCreate(p, c, func(dirfd int, name string) error {
+			return unix.Symlinkat(target, dirfd, name)
 		})
-		if err != nil {
-			return nil, err
-		}
-		return e.statLoc(p, loc{basePath: p, hasBase: true})
 	}
 	l, m, err := e.prepareNew(p, KindSymlink, c)
 	if err != nil {
@@ -536,22 +531,9 @@ func (e *Engine) mknodLocked(p string, mode uint32, rdev uint64, c Caller) (*sys
 		return nil, err
 	}
 	if e.mode == Immediate {
-		if err := e.immediateHidden("", p); err != nil {
-			return nil, err
-		}
-		err := e.base.withParent(p, func(dirfd int, name string) error {
-			if err := unix.Mknodat(dirfd, name, mode, int(rdev)); err != nil {
-				return err
-			}
-			if c.Uid != 0 || c.Gid != 0 {
-				unix.Fchownat(dirfd, name, int(c.Uid), int(c.Gid), unix.AT_SYMLINK_NOFOLLOW)
-			}
-			return nil
+		return e.immediateCreate(p, c, func(dirfd int, name string) error {
+			return unix.Mknodat(dirfd, name, mode, int(rdev))
 		})
-		if err != nil {
-			return nil, err
-		}
-		return e.statLoc(p, loc{basePath: p, hasBase: true})
 	}
 	kind := KindSpecial
 	if mode&syscall.S_IFMT == syscall.S_IFREG || mode&syscall.S_IFMT == 0 {

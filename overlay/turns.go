@@ -397,49 +397,6 @@ func within(p string, paths []string) bool {
 	return false
 }
 
-// viewState describes p in the view like a pre-image, hashing a file's
-// content without storing it.
-func (e *Engine) viewState(p string) (*snapshot.Entry, error) {
-	ent := &snapshot.Entry{Path: p}
-	l, err := e.locate(p)
-	var st *syscall.Stat_t
-	if err == nil {
-		st, err = e.statLoc(p, l)
-	}
-	if err != nil {
-		ent.Kind = snapshot.KindAbsent
-		return ent, nil
-	}
-	ent.Mode = st.Mode
-	switch st.Mode & syscall.S_IFMT {
-	case syscall.S_IFDIR:
-		ent.Kind = snapshot.KindDir
-	case syscall.S_IFLNK:
-		ent.Kind = snapshot.KindSymlink
-		if l.m != nil {
-			ent.Target, _ = e.readUpperSymlink(p)
-		} else {
-			ent.Target, _ = e.base.readlink(l.basePath)
-		}
-	case syscall.S_IFREG:
-		ent.Kind = snapshot.KindFile
-		var fd int
-		if l.m != nil {
-			fd, err = e.upper.open(p, syscall.O_RDONLY, 0)
-		} else {
-			fd, err = e.base.open(l.basePath, syscall.O_RDONLY|syscall.O_NONBLOCK, 0)
-		}
-		if err != nil {
-			return nil, err
-		}
-		ent.Hash, ent.Size = hashOf(fd), st.Size
-		syscall.Close(fd)
-	default:
-		ent.Kind = snapshot.KindAbsent
-	}
-	return ent, nil
-}
-
 func matchesAny(now *snapshot.Entry, pres []snapshot.Entry) bool {
 	for i := range pres {
 		if sameState(now, &pres[i]) {
