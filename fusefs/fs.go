@@ -350,6 +350,15 @@ func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 	return fs.NewListDirStream(list), 0
 }
 
+// Fsync makes a file or directory durable: a directory's fsync reaches the
+// node (go-fuse has no directory handle here), a file's goes to its handle.
+func (n *node) Fsync(ctx context.Context, f fs.FileHandle, flags uint32) syscall.Errno {
+	if h, ok := f.(*handle); ok {
+		return h.Fsync(ctx, flags)
+	}
+	return toErrno(n.sys.eng.SyncPath(n.path()))
+}
+
 func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	st, err := n.sys.eng.Statfs()
 	if err != nil {

@@ -87,11 +87,14 @@
 //   - Sync makes every record written so far durable.
 //   - Close makes every record written so far durable, then closes the file.
 //
-// A failed write or fdatasync is returned to every caller waiting for it and
-// makes the journal refuse all further appends: on Linux a failed fsync may
-// already have dropped the dirty pages and a retry can report success for
-// data that is gone, so the only safe way on is to Close and Open again,
-// which recovers from the file as it really is on disk.
+// A failed write (a full disk) is returned to its caller; the partial frame
+// is cut off, and appends go on once there is space again. A failed
+// fdatasync is returned to every caller waiting for it and makes the
+// journal refuse all further appends (as does a write whose partial frame
+// cannot be cut off): on Linux a failed fsync may already have dropped the
+// dirty pages and a retry can report success for data that is gone, so the
+// only safe way on is to Close and Open again, which recovers from the file
+// as it really is on disk.
 //
 // Options.NoSync skips every fsync (appends, recovery and directories); it is
 // for tests and benchmarks only.

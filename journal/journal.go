@@ -171,8 +171,14 @@ func (j *Journal) writeLocked(payload []byte) (uint64, error) {
 	frame := encodeFrame(seq, payload)
 	n, err := j.f.Write(frame)
 	if err != nil {
-		// Part of the frame may be in the file; Open will cut it as a torn tail.
-		return 0, j.failLocked(fmt.Sprintf("write at offset %d", j.size), err)
+		// A failed write (a full disk) leaves nothing durable behind once
+		// the partial frame is cut off, so the journal can go on when
+		// space comes back. Only when the cut fails does it stop, and
+		// Open cuts the torn tail then.
+		if terr := j.f.Truncate(j.size); terr != nil {
+			return 0, j.failLocked(fmt.Sprintf("write at offset %d", j.size), err)
+		}
+		return 0, fmt.Errorf("journal %s: write at offset %d: %w", j.path, j.size, err)
 	}
 	j.size += int64(n)
 	j.lastSeq = seq

@@ -213,7 +213,7 @@ func (e *Engine) OpenSnapshot(scope, turn string, pid int, paths []string) (snap
 		return info, err
 	}
 	e.openSnaps.Add(1)
-	e.record(Record{Op: "snapshot_open", Detail: scope, Pid: pid})
+	e.note(Record{Op: "snapshot_open", Detail: scope, Pid: pid})
 	if len(paths) == 0 {
 		return info, nil
 	}
@@ -267,7 +267,7 @@ func (e *Engine) CloseSnapshot(scope string) (snapshot.Info, error) {
 	info, err := e.snaps.CloseSnapshot(scope)
 	if wasOpen && (err == nil || info.Closed) {
 		e.openSnaps.Add(-1)
-		e.record(Record{Op: "snapshot_close", Detail: fmt.Sprintf("%s: %d path(s)", scope, len(info.Paths))})
+		e.note(Record{Op: "snapshot_close", Detail: fmt.Sprintf("%s: %d path(s)", scope, len(info.Paths))})
 	}
 	return info, err
 }
@@ -328,7 +328,7 @@ func (e *Engine) restoreFiltered(scope string, keep func(string) bool) (RestoreR
 			e.normalize(p)
 		}
 	}
-	e.record(Record{Op: "restore", Detail: fmt.Sprintf("%s: %d restored, %d failed", scope, len(res.Restored), len(res.Failed))})
+	e.note(Record{Op: "restore", Detail: fmt.Sprintf("%s: %d restored, %d failed", scope, len(res.Restored), len(res.Failed))})
 	e.changed()
 	return res, nil
 }

@@ -55,12 +55,20 @@ func (e *Engine) Commit(paths []string, force bool, c Caller) CommitResult {
 		return CommitResult{}
 	}
 	intent, _ := json.Marshal(sel)
-	e.record(Record{Op: "commit_begin", Pid: c.Pid, Detail: string(intent)})
+	if err := e.record(Record{Op: "commit_begin", Pid: c.Pid, Detail: string(intent)}); err != nil {
+		// Without a durable intent a crash in the middle could not be
+		// finished at the next start: commit nothing.
+		res := CommitResult{}
+		for _, p := range sel {
+			res.Failed = append(res.Failed, Failure{Path: p, Reason: err.Error()})
+		}
+		return res
+	}
 	e.mu.Lock()
 	res := e.commitLocked(sel, force)
 	e.mu.Unlock()
 	sum, _ := json.Marshal(map[string]int{"committed": len(res.Committed), "conflicts": len(res.Conflicts), "failed": len(res.Failed)})
-	e.record(Record{Op: "commit_end", Pid: c.Pid, Detail: string(sum)})
+	e.note(Record{Op: "commit_end", Pid: c.Pid, Detail: string(sum)})
 	e.changed()
 	return res
 }
@@ -73,12 +81,13 @@ type commitRun struct {
 	linked  map[uint64]string // upper inode -> base path that already holds it (hard links)
 	failed  map[string]bool   // paths that did not commit; their descendants wait
 
-	pending  []preparedFile          // files written under temporary names
-	prepared map[uint64]preparedFile // upper inode -> its first prepared name (hard links)
+	movedAway map[string]bool         // workspace paths a directory rename of this commit emptied
+	pending   []preparedFile          // files written under temporary names
+	prepared  map[uint64]preparedFile // upper inode -> its first prepared name (hard links)
 }
 
 func (e *Engine) commitLocked(sel []string, force bool) CommitResult {
-	r := &commitRun{e: e, force: force, syncDir: map[string]bool{}, linked: map[uint64]string{}, failed: map[string]bool{}, prepared: map[uint64]preparedFile{}}
+	r := &commitRun{e: e, force: force, syncDir: map[string]bool{}, linked: map[uint64]string{}, failed: map[string]bool{}, prepared: map[uint64]preparedFile{}, movedAway: map[string]bool{}}
 	// 1. Directory renames, shallowest destination first.
 	var redirects []string
 	for _, p := range sel {
@@ -91,26 +100,28 @@ func (e *Engine) commitLocked(sel []string, force bool) CommitResult {
 	for _, p := range sel {
 		inSel[p] = true
 	}
-	for _, p := range redirects {
-		// New directories the rename goes into must exist before it
-		// (step 3 applies them again, which changes nothing).
-		var up []string
-		for dir, _ := splitPath(p); dir != ""; dir, _ = splitPath(dir) {
-			if m := e.index[dir]; inSel[dir] && m != nil && m.Kind == KindDir && !m.Deleted && m.Redirect == "" {
-				up = append(up, dir)
+	// A rename waits while its destination is, or is inside, the source of
+	// another pending rename (mv a c; mv b a); a cycle (a swap) is broken
+	// by moving one source aside under a temporary name first.
+	for len(redirects) > 0 {
+		var waiting []string
+		for _, p := range redirects {
+			if r.blockedBy(p, redirects) != "" {
+				waiting = append(waiting, p)
+				continue
+			}
+			r.applyRedirectStep(p, inSel)
+		}
+		if len(waiting) == len(redirects) {
+			if err := r.moveAside(r.blockedBy(waiting[0], waiting)); err != nil {
+				for _, p := range waiting {
+					r.failed[p] = true
+					r.res.Failed = append(r.res.Failed, Failure{Path: p, Reason: err.Error()})
+				}
+				break
 			}
 		}
-		for i := len(up) - 1; i >= 0; i-- {
-			r.do(up[i], r.applyDir)
-		}
-		src := e.index[p].Redirect
-		r.do(p, r.applyRedirect)
-		if w := e.index[src]; r.failed[p] && w != nil && w.Kind == KindWhiteout && !r.failed[src] {
-			// The whiteout at the source is the other half of the
-			// rename: deleting the source alone would lose the directory.
-			r.failed[src] = true
-			r.res.Failed = append(r.res.Failed, Failure{Path: src, Reason: "the directory rename to " + p + " was not committed"})
-		}
+		redirects = waiting
 	}
 	// 2. Deletions, deepest first.
 	var deletes, dirs, files []string
@@ -160,6 +171,77 @@ func (e *Engine) commitLocked(sel []string, force bool) CommitResult {
 	sort.Strings(r.res.Committed)
 	r.res.Committed = uniq(r.res.Committed)
 	return r.res
+}
+
+// blockedBy returns the source of another pending rename that p's
+// destination is, or lies inside, ("" when none).
+func (r *commitRun) blockedBy(p string, pending []string) string {
+	for _, q := range pending {
+		if q == p || r.failed[q] {
+			continue
+		}
+		if m := r.e.index[q]; m != nil && m.Redirect != "" && isUnder(p, m.Redirect) {
+			return m.Redirect
+		}
+	}
+	return ""
+}
+
+// applyRedirectStep commits the directory rename to p, after the new
+// directories it goes into.
+func (r *commitRun) applyRedirectStep(p string, inSel map[string]bool) {
+	e := r.e
+	var up []string
+	for dir, _ := splitPath(p); dir != ""; dir, _ = splitPath(dir) {
+		if m := e.index[dir]; inSel[dir] && m != nil && m.Kind == KindDir && !m.Deleted && m.Redirect == "" {
+			up = append(up, dir)
+		}
+	}
+	for i := len(up) - 1; i >= 0; i-- {
+		r.do(up[i], r.applyDir)
+	}
+	src := e.index[p].Redirect
+	r.do(p, r.applyRedirect)
+	if w := e.index[src]; r.failed[p] && w != nil && w.Kind == KindWhiteout && !r.failed[src] {
+		// The whiteout at the source is the other half of the rename:
+		// deleting the source alone would lose the directory.
+		r.failed[src] = true
+		r.res.Failed = append(r.res.Failed, Failure{Path: src, Reason: "the directory rename to " + p + " was not committed"})
+	}
+}
+
+// moveAside renames the workspace directory src to a temporary name next
+// to it and points the pending renames from inside it there.
+func (r *commitRun) moveAside(src string) error {
+	e := r.e
+	tmp := joinPath(parentOf(src), ".stagefs-move-"+e.tmpName())
+	err := e.base.withParent(src, func(sdir int, sname string) error {
+		return e.base.withParent(tmp, func(tdir int, tname string) error {
+			return unix.Renameat2(sdir, sname, tdir, tname, unix.RENAME_NOREPLACE)
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("move %s aside in the workspace: %w", src, err)
+	}
+	r.movedAway[src] = true
+	r.syncDir[parentOf(src)] = true
+	return r.rewriteSources(src, tmp, nil)
+}
+
+// rewriteSources points the pending renames whose source is at or below
+// from to the same place below to (but skip).
+func (r *commitRun) rewriteSources(from, to string, skip *meta) error {
+	for q, om := range r.e.index {
+		if om != skip && om.Kind == KindDir && om.Redirect != "" && isUnder(om.Redirect, from) {
+			nm := *om
+			nm.Redirect = to + strings.TrimPrefix(om.Redirect, from)
+			if err := r.e.writeMeta(q, &nm); err != nil {
+				return err
+			}
+			*om = nm
+		}
+	}
+	return nil
 }
 
 func depth(p string) int {
@@ -216,6 +298,10 @@ func (r *commitRun) check(p string, b Baseline, alreadyDone func(*syscall.Stat_t
 	if alreadyDone != nil && alreadyDone(st) {
 		return st, true, nil
 	}
+	if st == nil && r.movedAway[p] {
+		// What the baseline describes was renamed away by this commit.
+		return nil, false, nil
+	}
 	if r.force || b.matches(st) {
 		return st, false, nil
 	}
@@ -258,15 +344,9 @@ func (r *commitRun) applyRedirect(p string, m *meta) error {
 // other redirects from inside it now come from its new place.
 func (r *commitRun) finishRedirect(p string, m *meta, src string) error {
 	e := r.e
-	for q, om := range e.index {
-		if om != m && om.Kind == KindDir && om.Redirect != "" && isUnder(om.Redirect, src) {
-			nm := *om
-			nm.Redirect = p + strings.TrimPrefix(om.Redirect, src)
-			if err := e.writeMeta(q, &nm); err != nil {
-				return err
-			}
-			*om = nm
-		}
+	r.movedAway[src] = true
+	if err := r.rewriteSources(src, p, m); err != nil {
+		return err
 	}
 	nm := *m
 	nm.Redirect = ""
@@ -614,7 +694,7 @@ func (e *Engine) Discard(paths []string, c Caller) []string {
 	sort.Strings(done)
 	if len(done) > 0 {
 		b, _ := json.Marshal(done)
-		e.record(Record{Op: "discard", Pid: c.Pid, Detail: string(b)})
+		e.note(Record{Op: "discard", Pid: c.Pid, Detail: string(b)})
 		e.changed()
 	}
 	return done
@@ -628,7 +708,7 @@ func (e *Engine) Recover(unfinished []string) CommitResult {
 	if len(unfinished) == 0 {
 		return CommitResult{}
 	}
-	e.record(Record{Op: "commit_recover", Detail: fmt.Sprintf("%d path(s)", len(unfinished)), Time: time.Now().UnixNano()})
+	e.note(Record{Op: "commit_recover", Detail: fmt.Sprintf("%d path(s)", len(unfinished)), Time: time.Now().UnixNano()})
 	e.removeCommitTemps(unfinished)
 	return e.Commit(unfinished, false, Caller{})
 }

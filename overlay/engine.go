@@ -210,7 +210,7 @@ func (e *Engine) SetMode(m Mode) (Mode, error) {
 	}
 	e.mode = m
 	e.mu.Unlock()
-	e.record(Record{Op: "set_mode", Detail: string(prev) + " -> " + string(m)})
+	e.note(Record{Op: "set_mode", Detail: string(prev) + " -> " + string(m)})
 	return prev, nil
 }
 

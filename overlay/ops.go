@@ -87,8 +87,9 @@ func (e *Engine) Open(p string, flags int, c Caller) (*File, error) {
 	r := Record{Op: op, Path: p, Pid: c.Pid}
 	if restaged {
 		e.recordLazy(r)
-	} else {
-		e.record(r)
+	} else if err := e.record(r); err != nil {
+		e.abandon(f)
+		return nil, err
 	}
 	e.changed()
 	return f, nil
@@ -121,6 +122,18 @@ func (e *Engine) openWriteLocked(p string, flags int, c Caller) (*File, error) {
 	f.Gen = e.copyGen.Load()
 	e.trackWriter(f)
 	return f, nil
+}
+
+// abandon closes a file whose open could not be journaled.
+func (e *Engine) abandon(f *File) {
+	if f.uino != 0 {
+		e.mu.Lock()
+		if e.writers[f.uino]--; e.writers[f.uino] <= 0 {
+			delete(e.writers, f.uino)
+		}
+		e.mu.Unlock()
+	}
+	unix.Close(f.Fd)
 }
 
 // Release journals the close of a file opened for writing, with its size.
@@ -309,6 +322,29 @@ func (e *Engine) finishNew(fd int, m *meta) error {
 	return nil
 }
 
+// holdsBaseChanges reports whether the upper directory p, or an entry
+// below it, stands for a change of a workspace entry at its own path (a
+// whiteout, a deleted directory, an entry that replaced a workspace one).
+// Renamed directories below are consistent on their own and not entered.
+func (e *Engine) holdsBaseChanges(p string) bool {
+	m := e.index[p]
+	if m == nil {
+		return false
+	}
+	if m.Kind == KindWhiteout || m.Deleted || m.Base.Exists {
+		return true
+	}
+	if m.Kind != KindDir || m.Redirect != "" {
+		return false
+	}
+	for name := range e.children[p] {
+		if e.holdsBaseChanges(joinPath(p, name)) {
+			return true
+		}
+	}
+	return false
+}
+
 func (e *Engine) hasWhiteoutsBelow(p string) bool {
 	for name := range e.children[p] {
 		q := joinPath(p, name)
@@ -338,7 +374,10 @@ func (e *Engine) Create(p string, flags int, mode uint32, c Caller) (*File, *sys
 	if created {
 		op = "create"
 	}
-	e.recordOp(c, op, p, "", 0)
+	if err := e.recordOp(c, op, p, "", 0); err != nil {
+		e.abandon(f)
+		return nil, nil, err
+	}
 	return f, st, nil
 }
 
@@ -414,7 +453,7 @@ func (e *Engine) Mkdir(p string, mode uint32, c Caller) (*syscall.Stat_t, error)
 	st, err := e.mkdirLocked(p, mode, c)
 	e.mu.Unlock()
 	if err == nil {
-		e.recordOp(c, "mkdir", p, "", 0)
+		err = e.recordOp(c, "mkdir", p, "", 0)
 	}
 	return st, err
 }
@@ -477,7 +516,7 @@ func (e *Engine) Symlink(target, p string, c Caller) (*syscall.Stat_t, error) {
 	st, err := e.symlinkLocked(target, p, c)
 	e.mu.Unlock()
 	if err == nil {
-		e.record(Record{Op: "symlink", Path: p, Pid: c.Pid, Detail: target})
+		err = e.record(Record{Op: "symlink", Path: p, Pid: c.Pid, Detail: target})
 		e.changed()
 	}
 	return st, err
@@ -521,7 +560,7 @@ func (e *Engine) Mknod(p string, mode uint32, rdev uint64, c Caller) (*syscall.S
 	st, err := e.mknodLocked(p, mode, rdev, c)
 	e.mu.Unlock()
 	if err == nil {
-		e.recordOp(c, "mknod", p, "", 0)
+		err = e.recordOp(c, "mknod", p, "", 0)
 	}
 	return st, err
 }
@@ -566,7 +605,7 @@ func (e *Engine) Link(oldp, newp string, c Caller) (*syscall.Stat_t, error) {
 	st, err := e.linkLocked(oldp, newp, c)
 	e.mu.Unlock()
 	if err == nil {
-		e.recordOp(c, "link", oldp, newp, 0)
+		err = e.recordOp(c, "link", oldp, newp, 0)
 	}
 	return st, err
 }
@@ -827,7 +866,7 @@ func (e *Engine) Unlink(p string, c Caller) error {
 	err := e.unlinkLocked(p, c)
 	e.mu.Unlock()
 	if err == nil {
-		e.recordOp(c, "unlink", p, "", 0)
+		err = e.recordOp(c, "unlink", p, "", 0)
 	}
 	return err
 }
@@ -901,7 +940,7 @@ func (e *Engine) Rmdir(p string, c Caller) error {
 	err := e.rmdirLocked(p, c)
 	e.mu.Unlock()
 	if err == nil {
-		e.recordOp(c, "rmdir", p, "", 0)
+		err = e.recordOp(c, "rmdir", p, "", 0)
 	}
 	return err
 }
@@ -969,7 +1008,7 @@ func (e *Engine) Rename(oldp, newp string, flags uint32, c Caller) error {
 	err := e.renameLocked(oldp, newp, flags, c)
 	e.mu.Unlock()
 	if err == nil {
-		e.recordOp(c, "rename", oldp, newp, 0)
+		err = e.recordOp(c, "rename", oldp, newp, 0)
 	}
 	return err
 }
@@ -1034,6 +1073,13 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 			// Two names of one file: rename does nothing (POSIX).
 			return nil
 		}
+	}
+	if oldIsDir && ol.m != nil && ol.m.Redirect == "" && ol.m.Opaque && e.holdsBaseChanges(oldp) {
+		// A directory recreated over a workspace directory carries, below
+		// it, the deletions and replacements of that directory's entries:
+		// they belong to the old place, and commit could not apply them
+		// from the new one. EXDEV makes mv copy and delete instead.
+		return syscall.EXDEV
 	}
 	if nl.m != nil && nl.m.Kind == KindDir && e.hasWhiteoutsBelow(newp) {
 		// A directory in the way holds the deletions of base entries
@@ -1160,7 +1206,7 @@ func (e *Engine) Setattr(p string, fd int, a SetAttr, c Caller) (*syscall.Stat_t
 		if a.Size != nil {
 			op, size = "truncate", int64(*a.Size)
 		}
-		e.recordOp(c, op, p, "", size)
+		err = e.recordOp(c, op, p, "", size)
 	}
 	return st, err
 }
@@ -1408,7 +1454,7 @@ func (e *Engine) changeXattr(p, attr string, c Caller, op string, fn func(layer,
 	}()
 	e.mu.Unlock()
 	if err == nil {
-		e.record(Record{Op: op, Path: p, Pid: c.Pid, Detail: attr})
+		err = e.record(Record{Op: op, Path: p, Pid: c.Pid, Detail: attr})
 		e.changed()
 	}
 	return err

@@ -2,6 +2,8 @@ package overlay
 
 import (
 	"encoding/json"
+	"fmt"
+	"syscall"
 	"time"
 )
 
@@ -31,17 +33,29 @@ func DecodeRecord(seq uint64, payload []byte) (Record, error) {
 // record appends r to the journal, durable before it returns. A failure is
 // logged: the operation it describes has already happened and cannot be
 // undone here.
-func (e *Engine) record(r Record) { e.appendRecord(r, true) }
+func (e *Engine) record(r Record) error { return e.appendRecord(r, true) }
+
+// note appends r durably, logging a failure: for records of what already
+// happened and cannot be refused any more (a finished commit, a restore).
+func (e *Engine) note(r Record) {
+	if err := e.record(r); err != nil {
+		e.logf("%v", err)
+	}
+}
 
 // recordLazy appends r without waiting for it to be durable: for records
 // that change nothing of the pending set's structure (a close, a write-open
 // of a file already staged). The next durable record, fsync or Sync makes
 // it durable, in order.
-func (e *Engine) recordLazy(r Record) { e.appendRecord(r, false) }
+func (e *Engine) recordLazy(r Record) {
+	if err := e.appendRecord(r, false); err != nil {
+		e.logf("journal: %v", err)
+	}
+}
 
-func (e *Engine) appendRecord(r Record, durable bool) {
+func (e *Engine) appendRecord(r Record, durable bool) error {
 	if e.journal == nil {
-		return
+		return nil
 	}
 	if r.Time == 0 {
 		r.Time = time.Now().UnixNano()
@@ -57,8 +71,9 @@ func (e *Engine) appendRecord(r Record, durable bool) {
 		_, err = e.journal.AppendNoWait(b)
 	}
 	if err != nil {
-		e.logf("journal: %v", err)
+		return fmt.Errorf("journal: %w", err)
 	}
+	return nil
 }
 
 // Sync makes every journal record written so far durable (fsync of a file
@@ -71,16 +86,42 @@ func (e *Engine) Sync() error {
 	return e.journal.Sync()
 }
 
-// recordOp journals a staging operation by c and tells the listener.
-func (e *Engine) recordOp(c Caller, op, p, p2 string, size int64) {
-	e.record(Record{Op: op, Path: p, Path2: p2, Pid: c.Pid, Size: size})
+// recordOp journals a staging operation by c and tells the listener. Its
+// error (a full or failed disk under the state dir) is the operation's: no
+// change is answered as done without its record.
+func (e *Engine) recordOp(c Caller, op, p, p2 string, size int64) error {
+	err := e.record(Record{Op: op, Path: p, Path2: p2, Pid: c.Pid, Size: size})
 	e.changed()
+	return err
 }
 
 func (e *Engine) changed() {
 	if e.onChange != nil {
 		e.onChange()
 	}
+}
+
+// SyncPath makes p's entry (the pending one, or the workspace's when p is
+// not staged) and the journal durable: fsync of a directory in the mount.
+func (e *Engine) SyncPath(p string) error {
+	e.mu.RLock()
+	l, err := e.locate(p)
+	if err == nil {
+		lyr, rel := e.base, l.basePath
+		if l.m != nil {
+			lyr, rel = e.upper, p
+		}
+		var fd int
+		if fd, err = lyr.open(rel, syscall.O_RDONLY|syscall.O_NONBLOCK, 0); err == nil {
+			err = syscall.Fsync(fd)
+			syscall.Close(fd)
+		}
+	}
+	e.mu.RUnlock()
+	if err != nil {
+		return err
+	}
+	return e.Sync()
 }
 
 // Comm returns the command name of pid (cached briefly).

@@ -485,7 +485,7 @@ func (e *Engine) Rollback(turnID string, paths []string, force bool) (RollbackRe
 	}
 	sort.Strings(res.Restored)
 	e.redoValid.Store(e.redo != "")
-	e.record(Record{Op: "rollback", Detail: fmt.Sprintf("to the start of %s: %d restored, %d conflicts", res.Turn, len(res.Restored), len(res.Conflicts))})
+	e.note(Record{Op: "rollback", Detail: fmt.Sprintf("to the start of %s: %d restored, %d conflicts", res.Turn, len(res.Restored), len(res.Conflicts))})
 	return res, nil
 }
 
@@ -658,7 +658,7 @@ func (e *Engine) Redo() (RollbackResult, error) {
 		return RollbackResult{}, err
 	}
 	e.dropRedo()
-	e.record(Record{Op: "redo", Detail: fmt.Sprintf("%d restored", len(r.Restored))})
+	e.note(Record{Op: "redo", Detail: fmt.Sprintf("%d restored", len(r.Restored))})
 	return RollbackResult{Restored: r.Restored, Failed: r.Failed}, nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"stagefs/control"
 	"stagefs/fusefs"
@@ -52,6 +53,11 @@ func (b *backend) relPath(p string) (string, error) {
 	}
 	if strings.IndexByte(p, 0) >= 0 {
 		return "", control.Errorf(control.CodeInvalidParams, "path contains a NUL byte")
+	}
+	if !utf8.ValidString(p) || strings.ContainsRune(p, utf8.RuneError) {
+		// JSON decoding turns invalid UTF-8 and lone surrogates into
+		// U+FFFD: acting on that would touch another name.
+		return "", control.Errorf(control.CodeInvalidParams, "path %q is not valid UTF-8", p)
 	}
 	if filepath.IsAbs(p) {
 		c := filepath.Clean(p)
