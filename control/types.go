@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"fmt"
+	"strings"
 )
 
 // Method names. Requests use all but MethodSessionUpdate, which is the
@@ -182,6 +183,10 @@ type Conflict struct {
 	Reason   string `json:"reason"`
 	Expected string `json:"expected,omitempty"`
 	Actual   string `json:"actual,omitempty"`
+	// For a file: the content hashes ("sha256:…") of the workspace's copy
+	// now and of the staged one.
+	WorkspaceHash string `json:"workspaceHash,omitempty"`
+	StagedHash    string `json:"stagedHash,omitempty"`
 }
 
 // Failure is a path whose commit failed for another reason.
@@ -329,6 +334,11 @@ type Event struct {
 	RestoredPaths []string `json:"restoredPaths,omitempty"`
 	Missed        int      `json:"missed,omitempty"`
 	Detail        string   `json:"detail,omitempty"`
+	// Status and Meta follow the ACP tool_call_update shape for a
+	// restored tool call: status "restored", _meta.stagefs.kind
+	// "tool_call_restored" with the restored paths.
+	Status string         `json:"status,omitempty"`
+	Meta   map[string]any `json:"_meta,omitempty"`
 }
 
 // invalidParams builds a -32602 error naming the offending field in data.
@@ -346,6 +356,7 @@ func validatePaths(paths []string) error {
 }
 
 func isSHA256Hex(s string) bool {
+	s = strings.TrimPrefix(s, "sha256:")
 	if len(s) != 64 {
 		return false
 	}

@@ -26,6 +26,9 @@ type Conflict struct {
 	Reason   string
 	Expected string
 	Actual   string
+	// WorkspaceHash and StagedHash are the contents' "sha256:…" when the
+	// path is a file on that side.
+	WorkspaceHash, StagedHash string
 }
 
 // Failure is a path that could not be committed for another reason.
@@ -277,7 +280,12 @@ func (r *commitRun) do(p string, step func(string, *meta) error) {
 		r.res.Committed = append(r.res.Committed, p)
 	case errors.As(err, &ce):
 		r.failed[p] = true
-		r.res.Conflicts = append(r.res.Conflicts, Conflict{Path: p, Reason: ce.Error(), Expected: ce.expected, Actual: ce.actual})
+		c := Conflict{Path: p, Reason: ce.Error(), Expected: ce.expected, Actual: ce.actual}
+		c.WorkspaceHash = r.e.fileHash(r.e.base, p)
+		if m.Kind == KindFile {
+			c.StagedHash = r.e.fileHash(r.e.upper, p)
+		}
+		r.res.Conflicts = append(r.res.Conflicts, c)
 	default:
 		r.failed[p] = true
 		r.res.Failed = append(r.res.Failed, Failure{Path: p, Reason: err.Error()})
@@ -745,4 +753,22 @@ func (e *Engine) removeCommitTemps(paths []string) {
 		}
 		unix.Close(fd)
 	}
+}
+
+// fileHash returns "sha256:…" of the regular file rel in layer l, "" when
+// it is not one.
+func (e *Engine) fileHash(l layer, rel string) string {
+	st, err := l.lstat(rel)
+	if err != nil || !isRegular(st) {
+		return ""
+	}
+	fd, err := l.open(rel, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return ""
+	}
+	defer unix.Close(fd)
+	if h := hashOf(fd); h != "" {
+		return "sha256:" + h
+	}
+	return ""
 }

@@ -31,7 +31,7 @@ func TestCLIClients(t *testing.T) {
 
 	// read: the view's content on stdout, its hash on stderr.
 	r := m.cli("read", "f.txt")
-	sum := sha256Hex([]byte("alpha\nbeta\n"))
+	sum := contentHash([]byte("alpha\nbeta\n"))
 	if r.code != 0 || r.stdout != "alpha\nbeta\n" || !strings.Contains(r.stderr, sum) {
 		t.Errorf("read f.txt: %s", r)
 	}
@@ -47,7 +47,7 @@ func TestCLIClients(t *testing.T) {
 	}
 
 	// patch: a stale hash exits 3 and changes nothing.
-	r = m.cli("patch", "f.txt", "--expect", sha256Hex([]byte("other")), "--edit", "beta=BETA")
+	r = m.cli("patch", "f.txt", "--expect", contentHash([]byte("other")), "--edit", "beta=BETA")
 	if r.code != 3 || !strings.Contains(r.stdout+r.stderr, "stale_base") {
 		t.Errorf("patch with a stale hash: exit %d, want 3\n%s", r.code, r)
 	}
@@ -63,7 +63,7 @@ func TestCLIClients(t *testing.T) {
 	os.WriteFile(content, []byte("from a file\n"), 0o644)
 	var pr control.SafeTextPatchResult
 	if err := json.Unmarshal([]byte(m.mustCLI("patch", "--json", "new.txt", "--content-file", content)), &pr); err != nil ||
-		pr.Result != control.PatchApplied || pr.SHA256 != sha256Hex([]byte("from a file\n")) {
+		pr.Result != control.PatchApplied || pr.SHA256 != contentHash([]byte("from a file\n")) {
 		t.Errorf("patch --content-file: %+v, %v", pr, err)
 	}
 	assertFile(t, m.in("new.txt"), "from a file\n")
@@ -72,8 +72,8 @@ func TestCLIClients(t *testing.T) {
 		t.Errorf("patch of an existing file expecting none: exit %d, want 3\n%s", r.code, r)
 	}
 	// Usage errors.
-	if r := m.cli("patch", "g.txt"); r.code != 2 {
-		t.Errorf("patch without content or edits: exit %d, want 2", r.code)
+	if r := m.cli("patch", "g.txt", "--content-file", content, "--edit", "a=b"); r.code != 2 {
+		t.Errorf("patch with both a content file and edits: exit %d, want 2", r.code)
 	}
 	if r := m.cli("patch", "g.txt", "--expect", sum, "--edit", "no-equals-sign"); r.code != 2 {
 		t.Errorf("patch --edit without =: exit %d, want 2", r.code)

@@ -34,7 +34,7 @@ func TestControlProtocol(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !rt.Exists || rt.Content != "one\n" || rt.SHA256 != sha256Hex([]byte("one\n")) || rt.Size != 4 {
+	if !rt.Exists || rt.Content != "one\n" || rt.SHA256 != contentHash([]byte("one\n")) || rt.Size != 4 {
 		t.Errorf("read_text f.txt = %+v", rt)
 	}
 	if rt, err := c.ReadText(ctx, "nope.txt"); err != nil || rt.Exists {
@@ -50,7 +50,7 @@ func TestControlProtocol(t *testing.T) {
 
 	// SafeTextPatch: a wrong hash is stale_base and changes nothing.
 	two := "two\n"
-	res, err := c.SafeTextPatch(ctx, control.SafeTextPatchParams{Path: "f.txt", ExpectedHash: sha256Hex([]byte("not it")), Content: &two})
+	res, err := c.SafeTextPatch(ctx, control.SafeTextPatchParams{Path: "f.txt", ExpectedHash: contentHash([]byte("not it")), Content: &two})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestControlProtocol(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Result != control.PatchApplied || res.SHA256 != sha256Hex([]byte(two)) || res.Size != int64(len(two)) {
+	if res.Result != control.PatchApplied || res.SHA256 != contentHash([]byte(two)) || res.Size != int64(len(two)) {
 		t.Errorf("patch with the right hash = %+v", res)
 	}
 	assertFile(t, m.in("f.txt"), two)
@@ -71,7 +71,7 @@ func TestControlProtocol(t *testing.T) {
 		t.Errorf("cat f.txt after patch = %q", got)
 	}
 	// Edits, against the new hash.
-	res, err = c.SafeTextPatch(ctx, control.SafeTextPatchParams{Path: "f.txt", ExpectedHash: sha256Hex([]byte(two)),
+	res, err = c.SafeTextPatch(ctx, control.SafeTextPatchParams{Path: "f.txt", ExpectedHash: contentHash([]byte(two)),
 		Edits: []control.TextEdit{{OldText: "two", NewText: "three"}}})
 	if err != nil || res.Result != control.PatchApplied {
 		t.Errorf("patch with edits = %+v, %v", res, err)
@@ -90,7 +90,7 @@ func TestControlProtocol(t *testing.T) {
 	if err := os.WriteFile(m.in("g.txt"), []byte("written in the mount\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if rt, err := c.ReadText(ctx, "g.txt"); err != nil || rt.SHA256 != sha256Hex([]byte("written in the mount\n")) {
+	if rt, err := c.ReadText(ctx, "g.txt"); err != nil || rt.SHA256 != contentHash([]byte("written in the mount\n")) {
 		t.Errorf("read_text g.txt after a write in the mount = %+v, %v", rt, err)
 	}
 

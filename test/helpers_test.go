@@ -800,3 +800,7 @@ func waitFor(d time.Duration, cond func() bool) bool {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// contentHash is how the protocol names content: "sha256:" and the hex
+// digest (fs/read_text, fs/safe_text_patch).
+func contentHash(b []byte) string { return "sha256:" + sha256Hex(b) }

@@ -154,7 +154,8 @@ func (b *backend) Commit(ctx context.Context, p control.CommitParams) (control.C
 	res := control.CommitResult{Committed: nonNil(r.Committed), Conflicts: []control.Conflict{}, Failed: []control.Failure{}}
 	var conflicted []string
 	for _, c := range r.Conflicts {
-		res.Conflicts = append(res.Conflicts, control.Conflict{Path: c.Path, Reason: c.Reason, Expected: c.Expected, Actual: c.Actual})
+		res.Conflicts = append(res.Conflicts, control.Conflict{Path: c.Path, Reason: c.Reason, Expected: c.Expected, Actual: c.Actual,
+			WorkspaceHash: c.WorkspaceHash, StagedHash: c.StagedHash})
 		conflicted = append(conflicted, c.Path)
 	}
 	for _, f := range r.Failed {
@@ -206,9 +207,11 @@ func (b *backend) Diff(ctx context.Context, paths []string) (control.DiffResult,
 	return control.DiffResult{Diff: buf.String(), Files: len(changes)}, nil
 }
 
-func sha256Hex(b []byte) string {
+// contentHash names content the way the protocol does: "sha256:" and the
+// hex digest.
+func contentHash(b []byte) string {
 	s := sha256.Sum256(b)
-	return hex.EncodeToString(s[:])
+	return "sha256:" + hex.EncodeToString(s[:])
 }
 
 func (b *backend) ReadText(ctx context.Context, path string) (control.ReadTextResult, error) {
@@ -221,8 +224,11 @@ func (b *backend) ReadText(ctx context.Context, path string) (control.ReadTextRe
 		return control.ReadTextResult{}, fileError(path, err)
 	}
 	res := control.ReadTextResult{Path: rel, Exists: exists}
+	if exists && !utf8.Valid(data) {
+		return control.ReadTextResult{}, control.Errorf(control.CodeInvalidParams, "%s is not UTF-8 text (%d bytes); read it through the mount", path, len(data))
+	}
 	if exists {
-		res.Content, res.SHA256, res.Size = string(data), sha256Hex(data), int64(len(data))
+		res.Content, res.SHA256, res.Size = string(data), contentHash(data), int64(len(data))
 	}
 	return res, nil
 }
@@ -252,9 +258,13 @@ func (b *backend) SafeTextPatch(ctx context.Context, p control.SafeTextPatchPara
 	}
 	curHash := ""
 	if exists {
-		curHash = sha256Hex(cur)
+		curHash = contentHash(cur)
 	}
-	if !strings.EqualFold(curHash, p.ExpectedHash) {
+	want := strings.ToLower(p.ExpectedHash)
+	if want != "" && !strings.HasPrefix(want, "sha256:") {
+		want = "sha256:" + want
+	}
+	if curHash != want {
 		return control.SafeTextPatchResult{Result: control.PatchStaleBase, SHA256: curHash, Size: int64(len(cur))}, nil
 	}
 	var next []byte
@@ -280,7 +290,7 @@ func (b *backend) SafeTextPatch(ctx context.Context, p control.SafeTextPatchPara
 		return control.SafeTextPatchResult{}, fileError(p.Path, err)
 	}
 	b.fs.Invalidate([]string{rel})
-	return control.SafeTextPatchResult{Result: control.PatchApplied, SHA256: sha256Hex(next), Size: int64(len(next))}, nil
+	return control.SafeTextPatchResult{Result: control.PatchApplied, SHA256: contentHash(next), Size: int64(len(next))}, nil
 }
 
 func (b *backend) Log(ctx context.Context, p control.LogParams) (control.LogResult, error) {

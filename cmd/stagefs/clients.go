@@ -216,6 +216,9 @@ func runCommit(ctx context.Context, args []string) error {
 		}
 		for _, x := range res.Conflicts {
 			fmt.Printf("conflict   %s: %s (staged against %s, workspace now %s)\n", x.Path, x.Reason, x.Expected, x.Actual)
+			if x.WorkspaceHash != "" || x.StagedHash != "" {
+				fmt.Printf("           workspace %s, staged %s\n", orNone(x.WorkspaceHash), orNone(x.StagedHash))
+			}
 		}
 		for _, f := range res.Failed {
 			fmt.Printf("failed     %s: %s\n", f.Path, f.Reason)
@@ -384,15 +387,18 @@ func runPatch(ctx context.Context, args []string) error {
 	var edits []string
 	cf, rest, c, err := parseClient("patch", args, func(fs *pflag.FlagSet) {
 		fs.StringVar(&expect, "expect", "", "sha256 of the current content (\"\" or absent: the file must not exist)")
-		fs.StringVar(&contentFile, "content-file", "", "new content from this file (- for stdin)")
+		fs.StringVar(&contentFile, "content-file", "", "new content from this file (default: stdin)")
 		fs.StringArrayVar(&edits, "edit", nil, "OLD=NEW replacement; OLD must occur exactly once (repeatable)")
 	})
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	if len(rest) != 1 || (contentFile == "") == (len(edits) == 0) {
-		return usagef("usage: stagefs patch PATH --expect SHA256 (--content-file FILE | --edit OLD=NEW...)")
+	if len(rest) != 1 || (contentFile != "" && len(edits) > 0) {
+		return usagef("usage: stagefs patch PATH --expect HASH [--content-file FILE | --edit OLD=NEW...] (new content on stdin by default)")
+	}
+	if contentFile == "" && len(edits) == 0 {
+		contentFile = "-"
 	}
 	p := control.SafeTextPatchParams{Path: rest[0], ExpectedHash: expect}
 	if contentFile != "" {
@@ -430,4 +436,11 @@ func runPatch(ctx context.Context, args []string) error {
 		return &conflictError{"the file changed since the expected hash was taken (stale_base)"}
 	}
 	return nil
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
 }

@@ -114,7 +114,11 @@ func (b *backend) restore(ctx context.Context, p control.ScopeParams) (control.R
 		out.Failed = append(out.Failed, control.Failure{Path: f.Path, Reason: f.Reason})
 	}
 	b.fs.Invalidate(res.Restored)
-	b.publish(control.Event{Kind: control.EventToolCallRestored, ToolCallID: p.ScopeID, RestoredPaths: out.RestoredPaths})
+	b.publish(control.Event{
+		Kind: control.EventToolCallRestored, ToolCallID: p.ScopeID, RestoredPaths: out.RestoredPaths,
+		Status: "restored",
+		Meta:   map[string]any{"stagefs": map[string]any{"kind": control.EventToolCallRestored, "restoredPaths": out.RestoredPaths}},
+	})
 	return out, nil
 }
 
