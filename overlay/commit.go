@@ -165,7 +165,21 @@ func (e *Engine) commitLocked(sel []string, force bool) CommitResult {
 			unix.Close(fd)
 		}
 	}
-	// 6. Drop what was committed from the pending set, deepest first.
+	// 6. Keep the inode numbers the mount showed for what was committed,
+	// then drop it from the pending set, deepest first.
+	var inos [][2]uint64
+	for _, p := range r.res.Committed {
+		m := e.index[p]
+		if m == nil || m.Kind == KindWhiteout || m.Deleted {
+			continue
+		}
+		if st, err := e.base.lstat(p); err == nil && st.Dev == e.rootDev && st.Ino != m.shownIno() {
+			inos = append(inos, [2]uint64{st.Ino, m.shownIno()})
+		}
+	}
+	if err := e.inos.add(inos); err != nil {
+		e.logf("inode map: %v", err)
+	}
 	done := append([]string(nil), r.res.Committed...)
 	sort.SliceStable(done, func(i, j int) bool { return depth(done[i]) > depth(done[j]) })
 	for _, p := range done {

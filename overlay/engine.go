@@ -96,6 +96,7 @@ type Engine struct {
 	snaps     *snapshot.Store
 	openSnaps atomic.Int64 // open snapshots: capture is skipped cheaply when 0
 	procs     procCache
+	inos      *inoMap // inode numbers kept across commit
 
 	turnOpts  TurnOptions
 	turnMu    sync.Mutex  // serializes turn starts, rollbacks and redo
@@ -164,6 +165,10 @@ func New(opts Options) (*Engine, error) {
 		return nil, err
 	}
 	if e.workFd, err = unix.Open(filepath.Join(opts.StateDir, "work"), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		e.Close()
+		return nil, err
+	}
+	if e.inos, err = loadInoMap(opts.StateDir); err != nil {
 		e.Close()
 		return nil, err
 	}
@@ -414,10 +419,13 @@ func (e *Engine) moveEntries(p, q string) {
 // filesystems mounted inside the workspace get their device mixed in, so
 // numbers stay unique.
 func (e *Engine) baseIno(st *syscall.Stat_t) uint64 {
-	if st.Dev == e.rootDev {
+	if st.Dev != e.rootDev {
+		return st.Ino ^ (st.Dev << 40)
+	}
+	if e.inos == nil {
 		return st.Ino
 	}
-	return st.Ino ^ (st.Dev << 40)
+	return e.inos.shownFor(st.Ino)
 }
 
 // upperInoBit marks inode numbers of entries that exist only in the pending

@@ -785,7 +785,7 @@ func (e *Engine) readDirLocked(p string) ([]Dirent, error) {
 // baseInoDirent maps a d_ino from the base. Entries on other filesystems
 // mounted in the workspace would need their device; d_ino is a hint that
 // tools re-check with stat, which does map them.
-func (e *Engine) baseInoDirent(ino uint64) uint64 { return ino }
+func (e *Engine) baseInoDirent(ino uint64) uint64 { return e.inos.shownFor(ino) }
 
 // isEmptyDir reports whether the directory p is empty in the merged view.
 func (e *Engine) isEmptyDir(p string) (bool, error) {
