@@ -51,14 +51,18 @@ func (c *conflictError) Error() string {
 // fsynced, and renamed into place; directories are fsynced once at the end.
 // A commit interrupted by a crash is finished by Recover.
 func (e *Engine) Commit(paths []string, force bool, c Caller) CommitResult {
+	// The lock is held from the selection to the end, the intent record's
+	// fdatasync included: a change made in between would apply to a
+	// selection that no longer describes the pending set.
 	e.mu.Lock()
 	sel := e.selectLocked(paths, true, commitAncestor)
-	e.mu.Unlock()
 	if len(sel) == 0 {
+		e.mu.Unlock()
 		return CommitResult{}
 	}
 	intent, _ := json.Marshal(sel)
 	if err := e.record(Record{Op: "commit_begin", Pid: c.Pid, Detail: string(intent)}); err != nil {
+		e.mu.Unlock()
 		// Without a durable intent a crash in the middle could not be
 		// finished at the next start: commit nothing.
 		res := CommitResult{}
@@ -67,7 +71,6 @@ func (e *Engine) Commit(paths []string, force bool, c Caller) CommitResult {
 		}
 		return res
 	}
-	e.mu.Lock()
 	res := e.commitLocked(sel, force)
 	e.mu.Unlock()
 	sum, _ := json.Marshal(map[string]int{"committed": len(res.Committed), "conflicts": len(res.Conflicts), "failed": len(res.Failed)})

@@ -97,6 +97,7 @@ type Engine struct {
 	openSnaps atomic.Int64 // open snapshots: capture is skipped cheaply when 0
 	procs     procCache
 	inos      *inoMap // inode numbers kept across commit
+	upperIno  atomic.Uint64
 
 	turnOpts  TurnOptions
 	turnMu    sync.Mutex  // serializes turn starts, rollbacks and redo
@@ -180,6 +181,7 @@ func New(opts Options) (*Engine, error) {
 		e.Close()
 		return nil, fmt.Errorf("load pending set from %s: %w", filepath.Join(opts.StateDir, "upper"), err)
 	}
+	e.seedUpperIno()
 	return e, nil
 }
 
@@ -437,6 +439,33 @@ func (m *meta) shownIno() uint64 {
 		return m.Ino
 	}
 	return m.uino | upperInoBit
+}
+
+// newUpperIno gives a new entry of the pending set an inode number never
+// shown before in this mount. The upper file's own number would do only
+// until the filesystem reuses it for another file while the kernel still
+// knows the old one: the kernel would then take the new file for the old,
+// cached pages included.
+func (e *Engine) newUpperIno() uint64 {
+	return upperInoBit | e.upperIno.Add(1)
+}
+
+// seedUpperIno starts newUpperIno above every number already in use: the
+// pending set's and the ones commits keep for the workspace.
+func (e *Engine) seedUpperIno() {
+	top := uint64(0)
+	note := func(ino uint64) {
+		if ino&upperInoBit != 0 && ino&^upperInoBit > top {
+			top = ino &^ upperInoBit
+		}
+	}
+	for _, m := range e.index {
+		note(m.shownIno())
+	}
+	for ino := range e.inos.reserved {
+		note(ino)
+	}
+	e.upperIno.Store(top)
 }
 
 // loc is where a path of the merged view lives.

@@ -232,7 +232,7 @@ func (e *Engine) prepareNew(p string, kind Kind, c Caller) (loc, *meta, error) {
 	if err := e.ensureUpperDir(dir); err != nil {
 		return loc{}, nil, err
 	}
-	m := &meta{Kind: kind, Pid: c.Pid, Time: time.Now().UnixNano()}
+	m := &meta{Kind: kind, Pid: c.Pid, Time: time.Now().UnixNano(), Ino: e.newUpperIno()}
 	if l.m != nil {
 		m.Base = l.m.Base
 	} else if st := e.baseStat(l); st != nil {
