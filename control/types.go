@@ -106,6 +106,14 @@ type InitializeResult struct {
 	Workspace    string          `json:"workspace"`
 	Mount        string          `json:"mount"`
 	Capabilities map[string]bool `json:"capabilities"`
+	Policy       Policy          `json:"policy"`
+}
+
+// Policy is what the mount refuses to every process in it: --deny globs
+// are read-only, --hide globs invisible.
+type Policy struct {
+	Deny []string `json:"deny"`
+	Hide []string `json:"hide"`
 }
 
 // SetModeParams selects the write mode.
@@ -145,6 +153,7 @@ type StatusResult struct {
 	TotalBytes         int64         `json:"totalBytes"`
 	OldestPendingAgeMs int64         `json:"oldestPendingAgeMs"`
 	Mode               string        `json:"mode"`
+	Policy             Policy        `json:"policy"`
 }
 
 // StatusEntry is one pending change.

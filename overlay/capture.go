@@ -27,6 +27,9 @@ import (
 // tool mutations and are never captured. A failure fails the mutation:
 // nothing may change without its pre-image.
 func (e *Engine) capture(c Caller, paths ...string) error {
+	if err := e.checkDeny(c, paths...); err != nil {
+		return err
+	}
 	if c.Pid != 0 && e.redoValid.Load() {
 		// A new change after a rollback: redo would overwrite it.
 		e.redoValid.Store(false)
@@ -110,6 +113,12 @@ func (e *Engine) captureMove(c Caller, oldp, newp string) error {
 // captureRename captures what a rename changes: a file's pre-image at both
 // names, or, for a directory, the destination's pre-image and the move.
 func (e *Engine) captureRename(c Caller, oldp, newp string) error {
+	if err := e.checkDenyTree(c, oldp); err != nil {
+		return err
+	}
+	if err := e.checkDeny(c, newp); err != nil {
+		return err
+	}
 	if e.snaps == nil || c.Pid == 0 || e.openSnaps.Load() == 0 {
 		return nil
 	}

@@ -64,6 +64,8 @@ type Options struct {
 	// disables snapshots.
 	Snapshots *snapshot.Store
 	Turns     TurnOptions
+	// Deny and Hide are --deny and --hide globs (see policy.go).
+	Deny, Hide []string
 	// Hidden are workspace-relative paths that the merged view never shows
 	// and that cannot be created through it (a state dir inside the
 	// workspace).
@@ -532,12 +534,15 @@ func (e *Engine) locate(p string) (loc, error) {
 
 // isHidden reports whether p is, or is below, a hidden path.
 func (e *Engine) isHidden(p string) bool {
+	if p == "" {
+		return false
+	}
 	for _, h := range e.opts.Hidden {
-		if p != "" && isUnder(p, h) {
+		if isUnder(p, h) {
 			return true
 		}
 	}
-	return false
+	return matchAny(e.opts.Hide, p)
 }
 
 // statLoc returns the merged view's attributes of p.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -672,19 +671,4 @@ func (e *Engine) dropRedo() {
 
 // noCapture reports whether p matches a --no-capture glob: the glob matches
 // p or one of its ancestors, and a glob without "/" matches any name in p.
-func (e *Engine) noCapture(p string) bool {
-	for _, g := range e.turnOpts.NoCapture {
-		for q := p; q != ""; q = parentOf(q) {
-			if ok, _ := path.Match(g, q); ok {
-				return true
-			}
-			if !strings.Contains(g, "/") {
-				_, name := splitPath(q)
-				if ok, _ := path.Match(g, name); ok {
-					return true
-				}
-			}
-		}
-	}
-	return false
-}
+func (e *Engine) noCapture(p string) bool { return matchAny(e.turnOpts.NoCapture, p) }

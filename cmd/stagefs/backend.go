@@ -99,12 +99,17 @@ func (b *backend) Initialize(ctx context.Context) (control.InitializeResult, err
 		Mode:      string(b.eng.Mode()),
 		Workspace: b.cfg.workspace,
 		Mount:     b.cfg.mountpoint,
+		Policy:    b.policy(),
 		Capabilities: map[string]bool{
 			"staged": true, "immediate": true, "commitPaths": true, "discardPaths": true,
 			"diff": true, "readText": true, "safeTextPatch": true, "log": true, "events": true,
 			"snapshots": true, "restoreToolCall": true, "turns": true, "rollback": true, "redo": true,
 		},
 	}, nil
+}
+
+func (b *backend) policy() control.Policy {
+	return control.Policy{Deny: nonNil(b.cfg.deny), Hide: nonNil(b.cfg.hide)}
 }
 
 func (b *backend) SetMode(ctx context.Context, mode string) (control.SetModeResult, error) {
@@ -130,7 +135,7 @@ func (b *backend) Status(ctx context.Context, paths []string) (control.StatusRes
 		return control.StatusResult{}, err
 	}
 	now := time.Now()
-	res := control.StatusResult{Entries: []control.StatusEntry{}, Mode: string(b.eng.Mode())}
+	res := control.StatusResult{Entries: []control.StatusEntry{}, Mode: string(b.eng.Mode()), Policy: b.policy()}
 	for _, c := range b.eng.Pending(rel) {
 		age := now.Sub(c.Time).Milliseconds()
 		res.Entries = append(res.Entries, control.StatusEntry{

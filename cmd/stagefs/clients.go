@@ -118,6 +118,9 @@ func runStatus(ctx context.Context, args []string) error {
 	if cf.json {
 		return printJSON(res)
 	}
+	if len(res.Policy.Deny)+len(res.Policy.Hide) > 0 {
+		fmt.Printf("policy: deny %v, hide %v\n", res.Policy.Deny, res.Policy.Hide)
+	}
 	if res.PendingCount == 0 {
 		fmt.Printf("nothing pending (mode %s)\n", res.Mode)
 		return nil

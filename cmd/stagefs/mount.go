@@ -32,6 +32,7 @@ type mountConfig struct {
 	maxTurns                     int
 	maxTurnAge                   time.Duration
 	noCapture                    []string
+	deny, hide                   []string
 }
 
 func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
@@ -44,6 +45,8 @@ func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
 	fs.IntVar(&cfg.maxTurns, "max-turns", 50, "turns kept for rollback")
 	fs.DurationVar(&cfg.maxTurnAge, "max-turn-age", 7*24*time.Hour, "turns older than this are pruned")
 	fs.StringArrayVar(&cfg.noCapture, "no-capture", nil, "glob of paths staged without capturing pre-images (repeatable)")
+	fs.StringArrayVar(&cfg.deny, "deny", nil, "glob of paths that are read-only through the mount (repeatable)")
+	fs.StringArrayVar(&cfg.hide, "hide", nil, "glob of paths that are invisible through the mount (repeatable)")
 	fs.Int64Var(&cfg.snapshotCap, "snapshot-cap", 1<<30, "bytes of snapshot pre-images kept; the oldest closed snapshots are evicted past it")
 	return fs
 }
@@ -180,6 +183,12 @@ func startBackground(cfg *mountConfig, args []string) error {
 		"--max-turns", strconv.Itoa(cfg.maxTurns), "--max-turn-age", cfg.maxTurnAge.String()}
 	for _, g := range cfg.noCapture {
 		dargs = append(dargs, "--no-capture", g)
+	}
+	for _, g := range cfg.deny {
+		dargs = append(dargs, "--deny", g)
+	}
+	for _, g := range cfg.hide {
+		dargs = append(dargs, "--hide", g)
 	}
 	if cfg.debug {
 		dargs = append(dargs, "--debug")

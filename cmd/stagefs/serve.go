@@ -73,6 +73,8 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		Hidden:    hidden,
 		Snapshots: snaps,
 		Turns:     overlay.TurnOptions{MaxTurns: cfg.maxTurns, MaxAge: cfg.maxTurnAge, NoCapture: cfg.noCapture},
+		Deny:      cfg.deny,
+		Hide:      cfg.hide,
 	})
 	if err != nil {
 		return err

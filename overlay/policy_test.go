@@ -1,0 +1,55 @@
+package overlay_test
+
+import (
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"stagefs/overlay"
+)
+
+func TestPolicyDenyAndHide(t *testing.T) {
+	h := newHarness(t)
+	require.NoError(t, h.e.Close())
+	h.e = nil
+	h.opts.Deny = []string{".git/hooks/**", ".git/config"}
+	h.opts.Hide = []string{".env", "*.pem"}
+	h.open()
+	h.baseFile(".git/config", "cfg\n")
+	h.baseFile(".git/hooks/pre-commit", "hook\n")
+	h.baseFile(".env", "SECRET\n")
+	h.baseFile("keys/id.pem", "KEY\n")
+	h.baseFile("a.txt", "a\n")
+	ws := h.wsSnapshot()
+
+	// Denied: readable, but no change of any kind.
+	require.Equal(t, "cfg\n", h.read(".git/config"))
+	_, err := h.e.Open(".git/config", unix.O_WRONLY, caller)
+	require.ErrorIs(t, err, syscall.EACCES)
+	_, _, err = h.e.Create(".git/hooks/post-checkout", unix.O_WRONLY, 0o755, caller)
+	require.ErrorIs(t, err, syscall.EACCES)
+	require.ErrorIs(t, h.e.Unlink(".git/hooks/pre-commit", caller), syscall.EACCES)
+	require.ErrorIs(t, h.e.Rename(".git", "git2", 0, caller), syscall.EACCES, "moving a denied path's parent")
+	_, err = h.e.Setattr(".git/config", -1, overlay.SetAttr{Mode: u32(0o777)}, caller)
+	require.ErrorIs(t, err, syscall.EACCES)
+	require.ErrorIs(t, h.e.Setxattr(".git/config", "user.x", []byte("1"), 0, caller), syscall.EACCES)
+
+	// Hidden: not there, cannot be made.
+	h.requireMissing(".env")
+	h.requireMissing("keys/id.pem")
+	require.NotContains(t, h.names(""), ".env")
+	require.NotContains(t, h.names("keys"), "id.pem")
+	_, _, err = h.e.Create("new.pem", unix.O_WRONLY, 0o600, caller)
+	require.ErrorIs(t, err, syscall.EACCES)
+
+	// Everything else works; the daemon's own operations are not refused.
+	h.overwrite("a.txt", "a2\n")
+	require.Equal(t, []string{"modified a.txt"}, h.pending())
+	require.Equal(t, ws, h.wsSnapshot())
+	res := h.commit()
+	require.Equal(t, []string{"a.txt"}, res.Committed)
+	require.Equal(t, "a2\n", h.baseRead("a.txt"))
+	require.Equal(t, "SECRET\n", h.baseRead(".env"), "hidden files stay in the workspace")
+}
