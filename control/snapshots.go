@@ -62,9 +62,27 @@ func (p ScopeParams) Validate() error {
 	return nil
 }
 
+// RestoreParams names the snapshot to restore. KeepLater leaves alone the
+// paths changed after the snapshot closed (otherwise they are restored and
+// listed as overwritten).
+type RestoreParams struct {
+	ScopeID   string `json:"scopeId"`
+	KeepLater bool   `json:"keepLater,omitempty"`
+}
+
+// Validate implements Validator.
+func (p RestoreParams) Validate() error {
+	if p.ScopeID == "" {
+		return invalidParams("scopeId", "scopeId is required")
+	}
+	return nil
+}
+
 // RestoreResult reports a restore.
 type RestoreResult struct {
 	RestoredPaths []string   `json:"restoredPaths"`
+	Overwritten   []string   `json:"overwritten"`
+	Kept          []string   `json:"kept"`
 	Conflicts     []Conflict `json:"conflicts"`
 	Failed        []Failure  `json:"failed"`
 }
@@ -90,8 +108,12 @@ func (c *Client) CloseSnapshot(ctx context.Context, scopeID string) (SnapshotInf
 }
 
 func (c *Client) Restore(ctx context.Context, scopeID string) (RestoreResult, error) {
+	return c.RestoreWith(ctx, RestoreParams{ScopeID: scopeID})
+}
+
+func (c *Client) RestoreWith(ctx context.Context, p RestoreParams) (RestoreResult, error) {
 	var r RestoreResult
-	return r, c.Call(ctx, MethodRestore, ScopeParams{ScopeID: scopeID}, &r)
+	return r, c.Call(ctx, MethodRestore, p, &r)
 }
 
 func (c *Client) ListSnapshots(ctx context.Context) (ListSnapshotsResult, error) {

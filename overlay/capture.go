@@ -3,9 +3,12 @@ package overlay
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
@@ -277,14 +280,75 @@ func (e *Engine) CloseSnapshot(scope string) (snapshot.Info, error) {
 	if wasOpen && (err == nil || info.Closed) {
 		e.openSnaps.Add(-1)
 		e.note(Record{Op: "snapshot_close", Detail: fmt.Sprintf("%s: %d path(s)", scope, len(info.Paths))})
+		if !internalScope(scope) {
+			e.savePost(scope, info.Paths)
+		}
 	}
 	return info, err
+}
+
+// postFile holds, for a closed tool-call snapshot, what its paths looked
+// like when it closed (kind and content hash), so a restore can tell the
+// paths changed afterwards by a later tool call or another process.
+func (e *Engine) postFile(scope string) string {
+	return filepath.Join(e.opts.StateDir, "posts", scope+".json")
+}
+
+func (e *Engine) savePost(scope string, paths []string) {
+	post := map[string]*snapshot.Entry{}
+	e.mu.RLock()
+	for _, p := range uniqStrings(paths) {
+		if st, err := e.viewState(p); err == nil {
+			st.Time, st.Xattrs = 0, nil
+			post[p] = st
+		}
+	}
+	e.mu.RUnlock()
+	b, _ := json.Marshal(post)
+	dir := filepath.Dir(e.postFile(scope))
+	tmp := e.postFile(scope) + ".tmp"
+	if err := os.MkdirAll(dir, 0o700); err == nil {
+		if err = os.WriteFile(tmp, b, 0o600); err == nil {
+			err = os.Rename(tmp, e.postFile(scope))
+		}
+		if err != nil {
+			e.logf("save the state after %s: %v", scope, err)
+		}
+	}
+}
+
+func (e *Engine) loadPost(scope string) map[string]*snapshot.Entry {
+	b, err := os.ReadFile(e.postFile(scope))
+	if err != nil {
+		return nil
+	}
+	var post map[string]*snapshot.Entry
+	if json.Unmarshal(b, &post) != nil {
+		return nil
+	}
+	return post
+}
+
+// DropSnapshot deletes a tool call's snapshot (closing it first).
+func (e *Engine) DropSnapshot(scope string) error {
+	if info, ok := e.snaps.Lookup(scope); ok && !info.Closed {
+		if _, err := e.CloseSnapshot(scope); err != nil {
+			return err
+		}
+	}
+	os.Remove(e.postFile(scope))
+	return e.snaps.Drop(scope)
 }
 
 // RestoreResult reports a restore.
 type RestoreResult struct {
 	Restored []string // paths whose pre-image is back in the view
-	Failed   []Failure
+	// Overwritten were changed after the snapshot closed (by a later tool
+	// call or another process) and restored anyway; Kept were left alone
+	// for that reason (keepLater).
+	Overwritten []string
+	Kept        []string
+	Failed      []Failure
 }
 
 // Restore writes scope's pre-images back into the merged view, newest
@@ -293,7 +357,55 @@ type RestoreResult struct {
 // pre-image equal to the workspace drops the pending entry instead. The
 // operations are the daemon's own, so open snapshots do not capture them.
 func (e *Engine) Restore(scope string) (RestoreResult, error) {
-	return e.restoreFiltered(scope, func(string) bool { return true })
+	return e.RestoreTool(scope, false)
+}
+
+// RestoreTool is Restore for a tool call's snapshot: paths changed since
+// the snapshot closed are reported as overwritten, or, with keepLater, left
+// as they are and reported as kept. Restoring twice is the same as once.
+func (e *Engine) RestoreTool(scope string, keepLater bool) (RestoreResult, error) {
+	if e.snaps == nil {
+		return RestoreResult{}, errors.New("snapshots are not enabled")
+	}
+	post := e.loadPost(scope)
+	ents, err := e.snaps.Entries(scope)
+	if err != nil {
+		return RestoreResult{}, err
+	}
+	pre := map[string]snapshot.Entry{}
+	for _, ent := range ents {
+		if ent.Kind != snapshot.KindMoved {
+			if _, ok := pre[ent.Path]; !ok {
+				pre[ent.Path] = ent
+			}
+		}
+	}
+	later := map[string]bool{}
+	e.mu.RLock()
+	for p, after := range post {
+		cur, err := e.viewState(p)
+		if err != nil || sameState(cur, after) {
+			continue
+		}
+		if ent, ok := pre[p]; ok && sameState(cur, &ent) {
+			continue // restored already
+		}
+		later[p] = true
+	}
+	e.mu.RUnlock()
+	var kept, overwritten []string
+	for p := range later {
+		if keepLater {
+			kept = append(kept, p)
+		} else {
+			overwritten = append(overwritten, p)
+		}
+	}
+	sort.Strings(kept)
+	sort.Strings(overwritten)
+	res, err := e.restoreFiltered(scope, func(p string) bool { return !keepLater || !later[p] })
+	res.Overwritten, res.Kept = overwritten, kept
+	return res, err
 }
 
 // restoreFiltered restores the entries of scope whose path keep accepts.

@@ -551,3 +551,39 @@ func TestCaptureXattr(t *testing.T) {
 		})
 	}
 }
+
+// Paths changed after a tool call's snapshot closed are restored and
+// listed as overwritten, or with keepLater left alone and listed as kept;
+// restoring twice is the same as once.
+func TestRestoreLaterChanges(t *testing.T) {
+	for _, keepLater := range []bool{false, true} {
+		h, _ := newSnapHarness(t, overlay.Staged)
+		h.baseFile("a", "a0\n")
+		h.baseFile("b", "b0\n")
+		_, err := h.e.OpenSnapshot("tc1", "", 0, nil)
+		require.NoError(t, err)
+		h.overwrite("a", "a1\n")
+		h.overwrite("b", "b1\n")
+		_, err = h.e.CloseSnapshot("tc1")
+		require.NoError(t, err)
+		h.overwrite("b", "b2 by a later tool call\n")
+
+		res, err := h.e.RestoreTool("tc1", keepLater)
+		require.NoError(t, err)
+		require.Equal(t, "a0\n", h.read("a"))
+		if keepLater {
+			require.Equal(t, []string{"b"}, res.Kept)
+			require.Empty(t, res.Overwritten)
+			require.Equal(t, "b2 by a later tool call\n", h.read("b"))
+		} else {
+			require.Equal(t, []string{"b"}, res.Overwritten)
+			require.Empty(t, res.Kept)
+			require.Equal(t, "b0\n", h.read("b"))
+		}
+		view := h.view()
+		again, err := h.e.RestoreTool("tc1", keepLater)
+		require.NoError(t, err)
+		require.Equal(t, view, h.view(), "a second restore changes nothing")
+		require.Empty(t, again.Overwritten, "what the first restore put back is not a later change")
+	}
+}

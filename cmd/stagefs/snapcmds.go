@@ -79,12 +79,18 @@ func runClose(ctx context.Context, args []string) error {
 }
 
 func runRestore(ctx context.Context, args []string) error {
-	cf, scope, c, err := scopeCommand("restore", args)
+	var keepLater bool
+	cf, rest, c, err := parseClient("restore", args, func(fs *pflag.FlagSet) {
+		fs.BoolVar(&keepLater, "keep-later", false, "leave alone paths changed after the snapshot closed")
+	})
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	res, err := c.Restore(ctx, scope)
+	if len(rest) != 1 {
+		return usagef("usage: stagefs restore SCOPE [--keep-later]")
+	}
+	res, err := c.RestoreWith(ctx, control.RestoreParams{ScopeID: rest[0], KeepLater: keepLater})
 	if err != nil {
 		return err
 	}
@@ -95,6 +101,12 @@ func runRestore(ctx context.Context, args []string) error {
 	} else {
 		for _, p := range res.RestoredPaths {
 			fmt.Printf("restored  %s\n", p)
+		}
+		for _, p := range res.Overwritten {
+			fmt.Printf("overwrote %s (changed after the tool call; --keep-later leaves such paths)\n", p)
+		}
+		for _, p := range res.Kept {
+			fmt.Printf("kept      %s (changed after the tool call)\n", p)
 		}
 		for _, f := range res.Failed {
 			fmt.Printf("failed    %s: %s\n", f.Path, f.Reason)

@@ -101,15 +101,15 @@ func (b *backend) closeSnapshot(ctx context.Context, p control.ScopeParams) (con
 	return snapshotInfo(info), nil
 }
 
-func (b *backend) restore(ctx context.Context, p control.ScopeParams) (control.RestoreResult, error) {
+func (b *backend) restore(ctx context.Context, p control.RestoreParams) (control.RestoreResult, error) {
 	if err := checkScope(p.ScopeID); err != nil {
 		return control.RestoreResult{}, err
 	}
-	res, err := b.eng.Restore(p.ScopeID)
+	res, err := b.eng.RestoreTool(p.ScopeID, p.KeepLater)
 	if err != nil {
 		return control.RestoreResult{}, snapshotError(p.ScopeID, err)
 	}
-	out := control.RestoreResult{RestoredPaths: nonNil(res.Restored), Conflicts: []control.Conflict{}, Failed: []control.Failure{}}
+	out := control.RestoreResult{RestoredPaths: nonNil(res.Restored), Overwritten: nonNil(res.Overwritten), Kept: nonNil(res.Kept), Conflicts: []control.Conflict{}, Failed: []control.Failure{}}
 	for _, f := range res.Failed {
 		out.Failed = append(out.Failed, control.Failure{Path: f.Path, Reason: f.Reason})
 	}
@@ -137,12 +137,7 @@ func (b *backend) dropSnapshot(ctx context.Context, p control.ScopeParams) (cont
 	if err := checkScope(p.ScopeID); err != nil {
 		return control.DropSnapshotResult{}, err
 	}
-	if info, ok := b.snaps.Lookup(p.ScopeID); ok && !info.Closed {
-		if _, err := b.eng.CloseSnapshot(p.ScopeID); err != nil {
-			return control.DropSnapshotResult{}, snapshotError(p.ScopeID, err)
-		}
-	}
-	if err := b.snaps.Drop(p.ScopeID); err != nil {
+	if err := b.eng.DropSnapshot(p.ScopeID); err != nil {
 		return control.DropSnapshotResult{}, snapshotError(p.ScopeID, err)
 	}
 	return control.DropSnapshotResult{Dropped: true}, nil
