@@ -312,7 +312,7 @@ func TestRoundTripEveryMethod(t *testing.T) {
 	// Generic Call with a raw map result, to see the wire names.
 	var raw map[string]any
 	require.NoError(t, c.Call(ctx, MethodStagedStatus, map[string]any{"paths": []string{"p"}}, &raw))
-	require.Equal(t, []any{"entries", "mode", "oldestPendingAgeMs", "pendingCount", "totalBytes"}, sortedKeys(raw))
+	require.Equal(t, []any{"entries", "mode", "oldestPendingAgeMs", "pendingCount", "policy", "totalBytes"}, sortedKeys(raw))
 	entry := raw["entries"].([]any)[0].(map[string]any)
 	require.Equal(t, []any{"ageMs", "bytes", "comm", "kind", "path", "pid"}, sortedKeys(entry))
 }
