@@ -46,13 +46,21 @@ const (
 // Kinds of pending changes in StatusEntry.Kind. The list is open: backends
 // may report other kinds and clients should show unknown ones as they are.
 const (
-	KindCreated  = "created"
-	KindModified = "modified"
-	KindDeleted  = "deleted"
-	KindRenamed  = "renamed"
-	KindMkdir    = "mkdir"
-	KindSymlink  = "symlink"
-	KindMetadata = "metadata"
+	KindWrite   = "write"  // a workspace file with new content
+	KindCreate  = "create" // a new file (or FIFO, socket, device, hard link)
+	KindDelete  = "delete" // a deleted file or symlink
+	KindMkdir   = "mkdir"
+	KindRmdir   = "rmdir"
+	KindRename  = "rename" // a renamed directory; From holds its old path
+	KindSymlink = "symlink"
+	KindMeta    = "meta" // mode, owner, times or xattrs only
+
+	// Older names of the same kinds, kept for Go hosts.
+	KindCreated  = KindCreate
+	KindModified = KindWrite
+	KindDeleted  = KindDelete
+	KindRenamed  = KindRename
+	KindMetadata = KindMeta
 )
 
 // Values of SafeTextPatchResult.Result.

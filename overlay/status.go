@@ -10,6 +10,7 @@ import (
 type Change struct {
 	Path  string
 	Kind  string // created, modified, deleted, renamed, mkdir, symlink, special, metadata
+	Dir   bool   // the entry is (or, deleted, was) a directory
 	From  string // renamed: the base path it came from
 	Bytes int64
 	Time  time.Time
@@ -52,6 +53,7 @@ func (e *Engine) Pending(paths []string) []Change {
 		m := e.index[p]
 		kind, from := m.changeKind()
 		ch := Change{Path: p, Kind: kind, From: from, Time: time.Unix(0, m.Time), Pid: m.Pid}
+		ch.Dir = m.Kind == KindDir || (m.Kind == KindWhiteout && m.Base.Mode&syscall.S_IFMT == syscall.S_IFDIR)
 		if m.Kind == KindFile || m.Kind == KindSymlink {
 			if st, err := e.upper.lstat(p); err == nil {
 				ch.Bytes = st.Size

@@ -81,7 +81,7 @@ func TestCLIClients(t *testing.T) {
 
 	// status, human form.
 	out := m.mustCLI("status")
-	for _, want := range []string{"2 pending change(s)", "modified", "f.txt", "created", "new.txt"} {
+	for _, want := range []string{"2 pending change(s)", "write", "f.txt", "create", "new.txt"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status output lacks %q:\n%s", want, out)
 		}

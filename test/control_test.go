@@ -100,7 +100,7 @@ func TestControlProtocol(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := statusKinds(st)
-	if k["f.txt"] != "modified" || k["g.txt"] != "modified" || k["new.txt"] != "created" || st.PendingCount != len(st.Entries) {
+	if k["f.txt"] != "write" || k["g.txt"] != "write" || k["new.txt"] != "create" || st.PendingCount != len(st.Entries) {
 		t.Errorf("status = %+v", st)
 	}
 	if st, err := c.Status(ctx, []string{"g.txt"}); err != nil || len(st.Entries) != 1 || st.Entries[0].Path != "g.txt" {

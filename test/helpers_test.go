@@ -580,7 +580,7 @@ func (m *stagefsMount) status() control.StatusResult {
 	return st
 }
 
-// statusKinds maps each pending path to its kind (and "renamed<-FROM").
+// statusKinds maps each pending path to its kind (and "rename<-FROM").
 func statusKinds(st control.StatusResult) map[string]string {
 	out := map[string]string{}
 	for _, e := range st.Entries {

@@ -28,7 +28,7 @@ func checkPending(t *testing.T, m *stagefsMount, what string) {
 	assertFile(t, m.in("d/f"), "in-d\n")
 	assertMissing(t, m.in("gone.txt"))
 	k := statusKinds(m.status())
-	if k["a.txt"] != "modified" || k["new.txt"] != "created" || k["gone.txt"] != "deleted" || k["d"] != "mkdir" {
+	if k["a.txt"] != "write" || k["new.txt"] != "create" || k["gone.txt"] != "delete" || k["d"] != "mkdir" {
 		t.Errorf("%s: status = %v", what, k)
 	}
 }
@@ -132,7 +132,7 @@ func TestMountRefusals(t *testing.T) {
 	if err := os.WriteFile(m.in("x"), []byte("x\n"), 0o644); err != nil {
 		t.Errorf("first mount after the refusals: %v", err)
 	}
-	if k := statusKinds(m.status()); k["x"] != "created" {
+	if k := statusKinds(m.status()); k["x"] != "create" {
 		t.Errorf("status after the refusals: %v", k)
 	}
 }

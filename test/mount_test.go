@@ -98,24 +98,24 @@ chmod +x script.sh
 	// status --json lists the changes.
 	kinds := statusKinds(m.status())
 	want := map[string]string{
-		"a.txt":     "modified",
-		"b.txt":     "modified",
-		"new.txt":   "created",
+		"a.txt":     "write",
+		"b.txt":     "write",
+		"new.txt":   "create",
 		"p":         "mkdir",
-		"rmme.txt":  "deleted",
-		"dir1":      "deleted",
-		"dir3":      "renamed<-dir2",
+		"rmme.txt":  "delete",
+		"dir1":      "rmdir",
+		"dir3":      "rename<-dir2",
 		"sym":       "symlink",
-		"hard":      "created",
-		"t.txt":     "modified",
-		"script.sh": "metadata",
+		"hard":      "create",
+		"t.txt":     "write",
+		"script.sh": "meta",
 	}
 	for p, k := range want {
 		got, ok := kinds[p]
 		switch {
 		case !ok:
 			t.Errorf("status: %s missing (want %s); got %v", p, k, kinds)
-		case got != k && !(p == "script.sh" && got == "modified"):
+		case got != k && !(p == "script.sh" && got == "write"):
 			t.Errorf("status: %s is %q, want %q", p, got, k)
 		}
 	}
@@ -240,7 +240,7 @@ echo E1 > d/e.txt
 
 	// Only c.txt is left.
 	kinds = statusKinds(m.status())
-	if len(kinds) != 1 || kinds["c.txt"] != "modified" {
+	if len(kinds) != 1 || kinds["c.txt"] != "write" {
 		t.Errorf("status after partial discard = %v, want only c.txt modified", kinds)
 	}
 	assertFile(t, m.in("c.txt"), "C1\n")
@@ -377,7 +377,7 @@ func TestStateDirInsideWorkspace(t *testing.T) {
 			t.Errorf("status lists the state dir: %s (%v)", p, kinds)
 		}
 	}
-	if kinds["b.txt"] != "created" || kinds["a.txt"] != "modified" {
+	if kinds["b.txt"] != "create" || kinds["a.txt"] != "write" {
 		t.Errorf("status = %v", kinds)
 	}
 	if diff := m.mustCLI("diff"); strings.Contains(diff, hidden) {
@@ -458,7 +458,7 @@ ln -s new.txt link
 	}
 	assertFile(t, m.inWS("new.txt"), "n\n")
 	assertFile(t, m.in("new.txt"), "staged again\n")
-	if k := statusKinds(m.status()); k["new.txt"] != "modified" {
+	if k := statusKinds(m.status()); k["new.txt"] != "write" {
 		t.Errorf("status after switching back to staged = %v", k)
 	}
 }

@@ -70,7 +70,7 @@ func TestRunShowsStagedViewAtWorkspacePath(t *testing.T) {
 	// Writes through the workspace path are staged.
 	m.mustRunIn(m.ws, "--", "sh", "-c", `echo two >> f.txt && echo new > new.txt && rm sub/g.txt && cat "`+m.inWS("abs-link")+`"`)
 	kinds := statusKinds(m.status())
-	if kinds["f.txt"] != "modified" || kinds["new.txt"] != "created" || kinds["sub/g.txt"] != "deleted" || len(kinds) != 3 {
+	if kinds["f.txt"] != "write" || kinds["new.txt"] != "create" || kinds["sub/g.txt"] != "delete" || len(kinds) != 3 {
 		t.Errorf("pending after run: %v", kinds)
 	}
 	assertSameTree(t, "the real workspace after run", before, snapshot(t, m.ws))
@@ -297,7 +297,7 @@ mkdir -p dir-` + me + ` && echo ` + me + ` > dir-` + me + `/f.txt`
 		t.Fatalf("--json result %q: %v", body[i+1:], err)
 	}
 	if res.ExitCode != 3 || !res.Started || res.Workdir != m.ws || res.Snapshot == nil || res.Snapshot.ScopeID != "call-c" ||
-		res.Snapshot.Open || len(res.Changes) != 1 || res.Changes[0].Path != "c.txt" || res.Changes[0].Kind != "created" {
+		res.Snapshot.Open || len(res.Changes) != 1 || res.Changes[0].Path != "c.txt" || res.Changes[0].Kind != "create" {
 		t.Errorf("--json result: %+v", res)
 	}
 	if r.stderr != "" {

@@ -150,7 +150,7 @@ func TestSnapshotExecSedRestore(t *testing.T) {
 	}
 	assertFile(t, m.in("f.txt"), "alpha\nBETA\ngamma\n")
 	assertSameTree(t, "workspace after the tool call", ws, snapshot(t, m.ws))
-	assertPending(t, m, "after sed -i", map[string]string{"f.txt": "modified"})
+	assertPending(t, m, "after sed -i", map[string]string{"f.txt": "write"})
 
 	s := m.snapshotInfo("t1")
 	if s.Open || s.Pid == 0 || !contains(s.Paths, "f.txt") || contains(s.Paths, "other.txt") {
@@ -211,13 +211,13 @@ func TestSnapshotRestoreRmRfKeepsEarlierEdit(t *testing.T) {
 	m.mustExec("edit", "sh", "-ec", "echo edited > dir/file; echo added > dir/added; mkdir dir/newsub; echo n > dir/newsub/n; rm dir/keep")
 	view1 := snapshot(t, m.mnt)
 	pending1 := map[string]string{
-		"dir/file": "modified", "dir/added": "created", "dir/newsub": "mkdir", "dir/newsub/n": "created", "dir/keep": "deleted",
+		"dir/file": "write", "dir/added": "create", "dir/newsub": "mkdir", "dir/newsub/n": "create", "dir/keep": "delete",
 	}
 	assertPending(t, m, "after the edit", pending1)
 
 	m.mustExec("rmrf", "rm", "-rf", "dir")
 	assertMissing(t, m.in("dir"))
-	if k := statusKinds(m.status()); k["dir"] != "deleted" || k["dir/file"] != "deleted" {
+	if k := statusKinds(m.status()); k["dir"] != "rmdir" || k["dir/file"] != "delete" {
 		t.Errorf("status after rm -rf dir = %v", k)
 	}
 	assertPaths(t, "snapshot rmrf", m.snapshotInfo("rmrf").Paths,
@@ -431,7 +431,7 @@ echo %[1]s > new-%[1]s/f
 	assertFile(t, m.in("new-b/f"), "b\n")
 	assertFile(t, m.in("c.txt"), "c1\n")
 	assertPending(t, m, "after restoring call-a", map[string]string{
-		"b.txt": "modified", "new-b": "mkdir", "new-b/f": "created", "c.txt": "modified",
+		"b.txt": "write", "new-b": "mkdir", "new-b/f": "create", "c.txt": "write",
 	})
 	assertSameTree(t, "workspace", ws, snapshot(t, m.ws))
 }
@@ -471,7 +471,7 @@ func TestSnapshotExplicitPaths(t *testing.T) {
 	assertFile(t, m.in("dir/sub/y"), "y\n")
 	assertSameTree(t, "mount after restore (but other.txt)", view, snapshot(t, m.mnt, "other.txt"))
 	assertFile(t, m.in("other.txt"), "o2\n")
-	assertPending(t, m, "after restore", map[string]string{"other.txt": "modified"})
+	assertPending(t, m, "after restore", map[string]string{"other.txt": "write"})
 	assertSameTree(t, "workspace", ws, snapshot(t, m.ws))
 }
 
@@ -534,7 +534,7 @@ func TestSnapshotUnbound(t *testing.T) {
 		m.restoreScope(scope)
 	}
 	assertSameTree(t, "mount after restoring s4, s3, s2", view, snapshot(t, m.mnt, "late.txt"))
-	assertPending(t, m, "after restoring s4, s3, s2", map[string]string{"late.txt": "created"})
+	assertPending(t, m, "after restoring s4, s3, s2", map[string]string{"late.txt": "create"})
 	assertSameTree(t, "workspace", ws, snapshot(t, m.ws))
 }
 
@@ -754,7 +754,7 @@ func TestSnapshotRestoreAfterCommit(t *testing.T) {
 	assertMissing(t, m.in("n.txt"))
 	assertFile(t, m.inWS("f.txt"), "v2\n")
 	assertFile(t, m.inWS("n.txt"), "n\n")
-	assertPending(t, m, "after restore", map[string]string{"f.txt": "modified", "n.txt": "deleted"})
+	assertPending(t, m, "after restore", map[string]string{"f.txt": "write", "n.txt": "delete"})
 	m.commit()
 	assertFile(t, m.inWS("f.txt"), "v1\n")
 	assertMissing(t, m.inWS("n.txt"))

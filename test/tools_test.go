@@ -252,7 +252,7 @@ func TestToolGoBuild(t *testing.T) {
 		t.Errorf("built binary: %v, %v", fi, err)
 	}
 	assertSameTree(t, "workspace before commit", before, snapshot(t, m.ws))
-	if k := statusKinds(m.status()); k["hello/hello"] != "created" {
+	if k := statusKinds(m.status()); k["hello/hello"] != "create" {
 		t.Errorf("status does not list the binary as created: %v", k)
 	}
 }
@@ -300,7 +300,7 @@ done
 		t.Errorf("mount lists %v after the saves", names)
 	}
 	kinds := statusKinds(m.status())
-	if len(kinds) != 2 || kinds["doc.txt"] != "modified" || kinds["other.txt"] != "modified" {
+	if len(kinds) != 2 || kinds["doc.txt"] != "write" || kinds["other.txt"] != "write" {
 		t.Errorf("status after atomic saves = %v, want doc.txt and other.txt modified", kinds)
 	}
 	assertSameTree(t, "workspace before commit", before, snapshot(t, m.ws))

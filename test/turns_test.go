@@ -677,7 +677,7 @@ func TestTurnsNoCapture(t *testing.T) {
 	assertFile(t, m.in("node_modules/x"), "x\n")
 	assertFile(t, m.in("node_modules/pkg/index.js"), "p\n")
 	assertPending(t, m, "after rollback", map[string]string{
-		"node_modules": "mkdir", "node_modules/x": "created", "node_modules/pkg": "mkdir", "node_modules/pkg/index.js": "created",
+		"node_modules": "mkdir", "node_modules/x": "create", "node_modules/pkg": "mkdir", "node_modules/pkg/index.js": "create",
 	})
 }
 
@@ -720,7 +720,7 @@ func TestTurnsRedoDirMoveKeepsRename(t *testing.T) {
 	sh(t, m.mnt, "mv lib lib2")
 	end := snapshot(t, m.mnt)
 	moved := statusKinds(m.status())
-	if moved["lib2"] != "renamed<-lib" {
+	if moved["lib2"] != "rename<-lib" {
 		t.Fatalf("status after mv lib lib2: %v", moved)
 	}
 

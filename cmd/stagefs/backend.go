@@ -139,7 +139,7 @@ func (b *backend) Status(ctx context.Context, paths []string) (control.StatusRes
 	for _, c := range b.eng.Pending(rel) {
 		age := now.Sub(c.Time).Milliseconds()
 		res.Entries = append(res.Entries, control.StatusEntry{
-			Path: c.Path, Kind: c.Kind, From: c.From, Bytes: c.Bytes, AgeMs: age, PID: c.Pid, Comm: b.eng.Comm(c.Pid),
+			Path: c.Path, Kind: statusKind(c), From: c.From, Bytes: c.Bytes, AgeMs: age, PID: c.Pid, Comm: b.eng.Comm(c.Pid),
 		})
 		res.TotalBytes += c.Bytes
 		if age > res.OldestPendingAgeMs {
@@ -174,6 +174,26 @@ func (b *backend) Commit(ctx context.Context, p control.CommitParams) (control.C
 		b.publish(control.Event{Kind: "conflict", Paths: conflicted})
 	}
 	return res, nil
+}
+
+// statusKind names a pending change the way the protocol does.
+func statusKind(c overlay.Change) string {
+	switch c.Kind {
+	case "created", "special":
+		return control.KindCreate
+	case "modified":
+		return control.KindWrite
+	case "deleted":
+		if c.Dir {
+			return control.KindRmdir
+		}
+		return control.KindDelete
+	case "renamed":
+		return control.KindRename
+	case "metadata":
+		return control.KindMeta
+	}
+	return c.Kind // mkdir, symlink
 }
 
 func nonNil(s []string) []string {
