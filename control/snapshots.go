@@ -83,6 +83,7 @@ type RestoreResult struct {
 	RestoredPaths []string   `json:"restoredPaths"`
 	Overwritten   []string   `json:"overwritten"`
 	Kept          []string   `json:"kept"`
+	Uncaptured    []string   `json:"uncaptured"` // changed, but no pre-image could be stored
 	Conflicts     []Conflict `json:"conflicts"`
 	Failed        []Failure  `json:"failed"`
 }

@@ -53,15 +53,20 @@ func (e *Engine) capture(c Caller, paths ...string) error {
 			if e.snaps.Has(s.ScopeID, p) {
 				continue
 			}
+			var err error
 			if pre == nil {
-				var err error
-				if pre, err = e.preImage(p); err != nil {
-					return fmt.Errorf("capture the pre-image of %s: %w", p, err)
+				if pre, err = e.preImage(p); err == nil {
+					pre.Pid, pre.Comm = c.Pid, e.procs.comm(c.Pid)
 				}
-				pre.Pid, pre.Comm = c.Pid, e.procs.comm(c.Pid)
 			}
-			if err := e.snaps.Add(s.ScopeID, *pre); err != nil && !errors.Is(err, snapshot.ErrClosed) {
-				return fmt.Errorf("capture the pre-image of %s: %w", p, err)
+			if err == nil {
+				err = e.snaps.Add(s.ScopeID, *pre)
+			}
+			if err != nil && !errors.Is(err, snapshot.ErrClosed) {
+				if err := e.captureFailed(s.ScopeID, p, err); err != nil {
+					return err
+				}
+				pre = nil
 			}
 		}
 	}
@@ -111,6 +116,43 @@ func (e *Engine) captureMove(c Caller, oldp, newp string) error {
 		}
 	}
 	return nil
+}
+
+// captureFailed handles a pre-image that could not be stored (a full
+// disk, the byte cap): by default the mutation goes on and the snapshot is
+// marked incomplete (the path is named in restore's result and an event
+// tells the host); with CaptureFailure "deny" the mutation fails with
+// ENOSPC instead.
+func (e *Engine) captureFailed(scope, p string, err error) error {
+	e.logf("capture of %s for %s failed: %v", p, scope, err)
+	if e.opts.CaptureFailure == "deny" {
+		return syscall.ENOSPC
+	}
+	e.incompleteMu.Lock()
+	defer e.incompleteMu.Unlock()
+	f, ferr := os.OpenFile(e.incompleteFile(scope), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if ferr == nil {
+		fmt.Fprintf(f, "%s\n", strings.ReplaceAll(p, "\n", " "))
+		f.Close()
+	}
+	if e.opts.OnCaptureFailed != nil {
+		e.opts.OnCaptureFailed(scope, p, err)
+	}
+	return nil
+}
+
+func (e *Engine) incompleteFile(scope string) string {
+	os.MkdirAll(filepath.Join(e.opts.StateDir, "posts"), 0o700)
+	return filepath.Join(e.opts.StateDir, "posts", scope+".uncaptured")
+}
+
+// Uncaptured lists the paths whose pre-image a snapshot could not store.
+func (e *Engine) Uncaptured(scope string) []string {
+	b, err := os.ReadFile(e.incompleteFile(scope))
+	if err != nil {
+		return nil
+	}
+	return uniqStrings(strings.Fields(string(b)))
 }
 
 // captureRename captures what a rename changes: a file's pre-image at both
@@ -337,6 +379,7 @@ func (e *Engine) DropSnapshot(scope string) error {
 		}
 	}
 	os.Remove(e.postFile(scope))
+	os.Remove(e.incompleteFile(scope))
 	return e.snaps.Drop(scope)
 }
 
@@ -348,7 +391,10 @@ type RestoreResult struct {
 	// for that reason (keepLater).
 	Overwritten []string
 	Kept        []string
-	Failed      []Failure
+	// Uncaptured changed while the snapshot was open, but their pre-image
+	// could not be stored: restore cannot bring them back.
+	Uncaptured []string
+	Failed     []Failure
 }
 
 // Restore writes scope's pre-images back into the merged view, newest
@@ -405,6 +451,7 @@ func (e *Engine) RestoreTool(scope string, keepLater bool) (RestoreResult, error
 	sort.Strings(overwritten)
 	res, err := e.restoreFiltered(scope, func(p string) bool { return !keepLater || !later[p] })
 	res.Overwritten, res.Kept = overwritten, kept
+	res.Uncaptured = e.Uncaptured(scope)
 	return res, err
 }
 

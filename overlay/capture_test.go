@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -585,5 +586,47 @@ func TestRestoreLaterChanges(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, view, h.view(), "a second restore changes nothing")
 		require.Empty(t, again.Overwritten, "what the first restore put back is not a later change")
+	}
+}
+
+// A pre-image that cannot be stored (here: the content store's disk is
+// full) lets the mutation go on and marks the snapshot incomplete, or with
+// CaptureFailure "deny" fails the mutation with ENOSPC.
+func TestCaptureFailurePolicy(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs")
+	}
+	for _, policy := range []string{"allow", "deny"} {
+		dir := t.TempDir()
+		require.NoError(t, unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k"))
+		t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+		h, _ := newSnapHarnessIn(t, overlay.Staged, filepath.Join(dir, "snapshots"))
+		require.NoError(t, h.e.Close())
+		h.e = nil
+		h.opts.CaptureFailure = policy
+		var failed []string
+		h.opts.OnCaptureFailed = func(scope, p string, err error) { failed = append(failed, scope+" "+p) }
+		h.open()
+		h.baseFile("big", strings.Repeat("x", 256<<10))
+		h.baseFile("small", "s\n")
+		_, err := h.e.OpenSnapshot("tc", "", 0, nil)
+		require.NoError(t, err)
+		h.overwrite("small", "s2\n")
+		f, err := h.e.Open("big", unix.O_WRONLY|unix.O_TRUNC, caller)
+		if policy == "deny" {
+			require.ErrorIs(t, err, syscall.ENOSPC)
+			require.Equal(t, strings.Repeat("x", 256<<10), h.read("big"))
+			continue
+		}
+		require.NoError(t, err)
+		h.pwrite("big", f, "y\n")
+		require.Equal(t, []string{"tc big"}, failed)
+		_, err = h.e.CloseSnapshot("tc")
+		require.NoError(t, err)
+		res, err := h.e.Restore("tc")
+		require.NoError(t, err)
+		require.Equal(t, []string{"big"}, res.Uncaptured)
+		require.Equal(t, "s\n", h.read("small"), "what was captured is restored")
+		require.Equal(t, "y\n", h.read("big"), "what could not be captured stays")
 	}
 }

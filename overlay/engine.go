@@ -66,6 +66,13 @@ type Options struct {
 	Turns     TurnOptions
 	// Deny and Hide are --deny and --hide globs (see policy.go).
 	Deny, Hide []string
+	// CaptureFailure is "allow" (default: the mutation proceeds and the
+	// snapshot is marked incomplete) or "deny" (the mutation fails with
+	// ENOSPC) when a pre-image cannot be stored.
+	CaptureFailure string
+	// OnCaptureFailed is told about each pre-image that could not be
+	// stored; it must not block.
+	OnCaptureFailed func(scope, path string, err error)
 	// Hidden are workspace-relative paths that the merged view never shows
 	// and that cannot be created through it (a state dir inside the
 	// workspace).
@@ -100,6 +107,8 @@ type Engine struct {
 	procs     procCache
 	inos      *inoMap // inode numbers kept across commit
 	upperIno  atomic.Uint64
+
+	incompleteMu sync.Mutex // appends to posts/SCOPE.uncaptured
 
 	turnOpts  TurnOptions
 	turnMu    sync.Mutex  // serializes turn starts, rollbacks and redo

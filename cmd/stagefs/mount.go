@@ -33,6 +33,7 @@ type mountConfig struct {
 	maxTurnAge                   time.Duration
 	noCapture                    []string
 	deny, hide                   []string
+	captureFailure               string
 }
 
 func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
@@ -45,6 +46,7 @@ func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
 	fs.IntVar(&cfg.maxTurns, "max-turns", 50, "turns kept for rollback")
 	fs.DurationVar(&cfg.maxTurnAge, "max-turn-age", 7*24*time.Hour, "turns older than this are pruned")
 	fs.StringArrayVar(&cfg.noCapture, "no-capture", nil, "glob of paths staged without capturing pre-images (repeatable)")
+	fs.StringVar(&cfg.captureFailure, "capture-failure", "allow", "when a pre-image cannot be stored: allow (mark the snapshot incomplete) or deny (fail the write with ENOSPC)")
 	fs.StringArrayVar(&cfg.deny, "deny", nil, "glob of paths that are read-only through the mount (repeatable)")
 	fs.StringArrayVar(&cfg.hide, "hide", nil, "glob of paths that are invisible through the mount (repeatable)")
 	fs.Int64Var(&cfg.snapshotCap, "snapshot-cap", 1<<30, "bytes of snapshot pre-images kept; the oldest closed snapshots are evicted past it")
@@ -82,6 +84,9 @@ func (cfg *mountConfig) resolve(workspace, mountpoint string) error {
 	}
 	if _, err := parseMode(cfg.mode); err != nil {
 		return usagef("%v", err)
+	}
+	if cfg.captureFailure != "allow" && cfg.captureFailure != "deny" {
+		return usagef("--capture-failure must be allow or deny, not %q", cfg.captureFailure)
 	}
 	if within(cfg.mountpoint, cfg.workspace) {
 		return fmt.Errorf("the mount point %s is inside the workspace %s: the mount would contain itself; choose a mount point outside the workspace", cfg.mountpoint, cfg.workspace)
@@ -184,6 +189,7 @@ func startBackground(cfg *mountConfig, args []string) error {
 	for _, g := range cfg.noCapture {
 		dargs = append(dargs, "--no-capture", g)
 	}
+	dargs = append(dargs, "--capture-failure", cfg.captureFailure)
 	for _, g := range cfg.deny {
 		dargs = append(dargs, "--deny", g)
 	}

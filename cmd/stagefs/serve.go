@@ -75,6 +75,9 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		Turns:     overlay.TurnOptions{MaxTurns: cfg.maxTurns, MaxAge: cfg.maxTurnAge, NoCapture: cfg.noCapture},
 		Deny:      cfg.deny,
 		Hide:      cfg.hide,
+
+		CaptureFailure:  cfg.captureFailure,
+		OnCaptureFailed: b.captureFailed,
 	})
 	if err != nil {
 		return err

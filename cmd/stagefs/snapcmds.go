@@ -108,6 +108,9 @@ func runRestore(ctx context.Context, args []string) error {
 		for _, p := range res.Kept {
 			fmt.Printf("kept      %s (changed after the tool call)\n", p)
 		}
+		for _, p := range res.Uncaptured {
+			fmt.Printf("lost      %s (its pre-image could not be stored: not restored)\n", p)
+		}
 		for _, f := range res.Failed {
 			fmt.Printf("failed    %s: %s\n", f.Path, f.Reason)
 		}

@@ -70,6 +70,12 @@ func (b *backend) openSnapshot(ctx context.Context, p control.SnapshotParams) (c
 	return snapshotInfo(info), nil
 }
 
+// captureFailed tells subscribers that a snapshot is incomplete. Called
+// under the engine's lock: publishing never blocks.
+func (b *backend) captureFailed(scope, path string, err error) {
+	b.publish(control.Event{Kind: "capture_failed", ToolCallID: scope, Paths: []string{path}, Detail: err.Error()})
+}
+
 // reservedScope reports whether scope names a turn's own snapshot.
 func reservedScope(scope string) bool {
 	for _, p := range []string{"turn:", "post:", "redo:"} {
@@ -109,7 +115,7 @@ func (b *backend) restore(ctx context.Context, p control.RestoreParams) (control
 	if err != nil {
 		return control.RestoreResult{}, snapshotError(p.ScopeID, err)
 	}
-	out := control.RestoreResult{RestoredPaths: nonNil(res.Restored), Overwritten: nonNil(res.Overwritten), Kept: nonNil(res.Kept), Conflicts: []control.Conflict{}, Failed: []control.Failure{}}
+	out := control.RestoreResult{RestoredPaths: nonNil(res.Restored), Overwritten: nonNil(res.Overwritten), Kept: nonNil(res.Kept), Uncaptured: nonNil(res.Uncaptured), Conflicts: []control.Conflict{}, Failed: []control.Failure{}}
 	for _, f := range res.Failed {
 		out.Failed = append(out.Failed, control.Failure{Path: f.Path, Reason: f.Reason})
 	}
