@@ -759,3 +759,23 @@ func TestSnapshotRestoreAfterCommit(t *testing.T) {
 	assertFile(t, m.inWS("f.txt"), "v1\n")
 	assertMissing(t, m.inWS("n.txt"))
 }
+
+// A tool call that creates a thousand files (and edits one) is undone by
+// one restore: the tree is back, byte for byte, and nothing is pending.
+func TestSnapshotThousandFiles(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"keep.txt": "keep\n", "gen/old.txt": "old\n"}))
+	view0 := snapshot(t, m.mnt)
+	m.mustExec("gen", "sh", "-ec", "for i in $(seq 1 1000); do echo $i > gen/f$i.txt; done; echo changed > keep.txt")
+	if n := len(m.status().Entries); n != 1001 {
+		t.Fatalf("after the tool call: %d pending entries, want 1001", n)
+	}
+	res := m.restoreScope("gen")
+	if len(res.RestoredPaths) < 1001 {
+		t.Errorf("restored %d paths, want at least 1001", len(res.RestoredPaths))
+	}
+	assertSameTree(t, "view after restore", view0, snapshot(t, m.mnt))
+	if st := m.status(); st.PendingCount != 0 {
+		t.Errorf("pending after restore: %+v", st.Entries[:min(len(st.Entries), 5)])
+	}
+}
