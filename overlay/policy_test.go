@@ -53,3 +53,29 @@ func TestPolicyDenyAndHide(t *testing.T) {
 	require.Equal(t, "a2\n", h.baseRead("a.txt"))
 	require.Equal(t, "SECRET\n", h.baseRead(".env"), "hidden files stay in the workspace")
 }
+
+// PatchFile is a compare-and-swap: refused while a process has the file
+// open for writing, applied otherwise.
+func TestPatchFileAtomicAgainstWriters(t *testing.T) {
+	h := newHarness(t)
+	h.baseFile("f", "one\n")
+	f, err := h.e.Open("f", unix.O_WRONLY, caller)
+	require.NoError(t, err)
+	err = h.e.PatchFile("f", overlay.Caller{}, func(cur []byte, ok bool) ([]byte, bool, error) {
+		return []byte("two\n"), true, nil
+	})
+	require.ErrorIs(t, err, overlay.ErrBusy)
+	h.e.Release("f", f, caller)
+	var seen string
+	require.NoError(t, h.e.PatchFile("f", overlay.Caller{}, func(cur []byte, ok bool) ([]byte, bool, error) {
+		seen = string(cur)
+		return []byte("two\n"), true, nil
+	}))
+	require.Equal(t, "one\n", seen)
+	require.Equal(t, "two\n", h.read("f"))
+	require.NoError(t, h.e.PatchFile("new", overlay.Caller{}, func(cur []byte, ok bool) ([]byte, bool, error) {
+		require.False(t, ok)
+		return []byte("n\n"), true, nil
+	}))
+	require.Equal(t, "n\n", h.read("new"))
+}

@@ -1,6 +1,7 @@
 package overlay
 
 import (
+	"errors"
 	"io"
 	"sort"
 	"syscall"
@@ -52,6 +53,79 @@ func (e *Engine) WriteFile(p string, data []byte, c Caller) error {
 	}
 	e.Release(p, f, c)
 	return err
+}
+
+// ErrBusy is returned by PatchFile while a process has the file open for
+// writing: its writes could land between the check and the write.
+var ErrBusy = errors.New("a process has the file open for writing")
+
+// PatchFile is a compare-and-swap of p's content: decide sees the current
+// content and returns the new one (write false: leave it). The engine lock
+// is held from the read to the write, so no process in the mount can open
+// p for writing in between, and a file already open for writing is
+// refused with ErrBusy.
+func (e *Engine) PatchFile(p string, c Caller, decide func(cur []byte, exists bool) (next []byte, write bool, err error)) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	l, err := e.locate(p)
+	if err != nil && err != syscall.ENOENT {
+		return err
+	}
+	var cur []byte
+	exists := false
+	if err == nil {
+		if l.m != nil && e.writers[l.m.uino] > 0 {
+			return ErrBusy
+		}
+		st, serr := e.statLoc(p, l)
+		if serr != nil && serr != syscall.ENOENT {
+			return serr // e.g. a symlink where a directory should be
+		}
+		if serr == nil {
+			if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+				return syscall.EISDIR
+			}
+			if st.Size > MaxReadBytes {
+				return syscall.EFBIG
+			}
+			lyr, rel := e.base, l.basePath
+			if l.m != nil {
+				lyr, rel = e.upper, p
+			}
+			fd, oerr := lyr.open(rel, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+			if oerr != nil {
+				return oerr
+			}
+			cur, err = io.ReadAll(io.LimitReader(fdReader(fd), MaxReadBytes+1))
+			unix.Close(fd)
+			if err != nil {
+				return err
+			}
+			exists = true
+		}
+	}
+	next, write, err := decide(cur, exists)
+	if err != nil || !write {
+		return err
+	}
+	f, _, _, err := e.createLocked(p, unix.O_WRONLY|unix.O_TRUNC, 0o644, c)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(fdWriter(f.Fd), bytesReader(next))
+	if err == nil {
+		err = unix.Fsync(f.Fd)
+	}
+	if f.uino != 0 {
+		if e.writers[f.uino]--; e.writers[f.uino] <= 0 {
+			delete(e.writers, f.uino)
+		}
+	}
+	unix.Close(f.Fd)
+	if err != nil {
+		return err
+	}
+	return e.recordOp(c, "patch", p, "", int64(len(next)))
 }
 
 type byteSliceReader struct{ b []byte }

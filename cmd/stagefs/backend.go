@@ -33,8 +33,6 @@ type backend struct {
 	sessionID string
 	started   time.Time
 
-	patchMu sync.Mutex // one compare-and-swap write at a time
-
 	dirtyMu sync.Mutex
 	dirty   bool
 	wake    chan struct{}
@@ -275,47 +273,57 @@ func (b *backend) SafeTextPatch(ctx context.Context, p control.SafeTextPatchPara
 	if err != nil {
 		return control.SafeTextPatchResult{}, err
 	}
-	b.patchMu.Lock()
-	defer b.patchMu.Unlock()
-	cur, exists, err := b.eng.ReadFile(rel)
-	if err != nil {
-		return control.SafeTextPatchResult{}, fileError(p.Path, err)
-	}
-	curHash := ""
-	if exists {
-		curHash = contentHash(cur)
-	}
 	want := strings.ToLower(p.ExpectedHash)
 	if want != "" && !strings.HasPrefix(want, "sha256:") {
 		want = "sha256:" + want
 	}
-	if curHash != want {
-		return control.SafeTextPatchResult{Result: control.PatchStaleBase, SHA256: curHash, Size: int64(len(cur))}, nil
-	}
-	var next []byte
-	if p.Content != nil {
-		next = []byte(*p.Content)
-	} else {
-		text := string(cur)
-		for i, e := range p.Edits {
-			if e.OldText == "" {
-				return control.SafeTextPatchResult{}, control.Errorf(control.CodeInvalidParams, "edits[%d].oldText is empty", i)
-			}
-			if n := strings.Count(text, e.OldText); n != 1 {
-				return control.SafeTextPatchResult{}, control.Errorf(control.CodeInvalidParams, "edits[%d].oldText occurs %d times in %s; it must occur exactly once", i, n, p.Path)
-			}
-			text = strings.Replace(text, e.OldText, e.NewText, 1)
+	var res control.SafeTextPatchResult
+	err = b.eng.PatchFile(rel, ctlCaller, func(cur []byte, exists bool) ([]byte, bool, error) {
+		curHash := ""
+		if exists {
+			curHash = contentHash(cur)
 		}
-		next = []byte(text)
+		if curHash != want {
+			res = control.SafeTextPatchResult{Result: control.PatchStaleBase, SHA256: curHash, Size: int64(len(cur))}
+			return nil, false, nil
+		}
+		var next []byte
+		if p.Content != nil {
+			next = []byte(*p.Content)
+		} else {
+			text := string(cur)
+			for i, e := range p.Edits {
+				if e.OldText == "" {
+					return nil, false, control.Errorf(control.CodeInvalidParams, "edits[%d].oldText is empty", i)
+				}
+				if n := strings.Count(text, e.OldText); n != 1 {
+					return nil, false, control.Errorf(control.CodeInvalidParams, "edits[%d].oldText occurs %d times in %s; it must occur exactly once", i, n, p.Path)
+				}
+				text = strings.Replace(text, e.OldText, e.NewText, 1)
+			}
+			next = []byte(text)
+		}
+		if exists && bytes.Equal(next, cur) {
+			res = control.SafeTextPatchResult{Result: control.PatchNoOp, SHA256: curHash, Size: int64(len(cur))}
+			return nil, false, nil
+		}
+		res = control.SafeTextPatchResult{Result: control.PatchApplied, SHA256: contentHash(next), Size: int64(len(next))}
+		return next, true, nil
+	})
+	if errors.Is(err, overlay.ErrBusy) {
+		return control.SafeTextPatchResult{}, control.Errorf(control.CodeBusy, "%s: %v; try again when it is closed", p.Path, err)
 	}
-	if exists && bytes.Equal(next, cur) {
-		return control.SafeTextPatchResult{Result: control.PatchNoOp, SHA256: curHash, Size: int64(len(cur))}, nil
-	}
-	if err := b.eng.WriteFile(rel, next, ctlCaller); err != nil {
+	if err != nil {
+		var ce *control.Error
+		if errors.As(err, &ce) {
+			return control.SafeTextPatchResult{}, err
+		}
 		return control.SafeTextPatchResult{}, fileError(p.Path, err)
 	}
-	b.fs.Invalidate([]string{rel})
-	return control.SafeTextPatchResult{Result: control.PatchApplied, SHA256: contentHash(next), Size: int64(len(next))}, nil
+	if res.Result == control.PatchApplied {
+		b.fs.Invalidate([]string{rel})
+	}
+	return res, nil
 }
 
 func (b *backend) Log(ctx context.Context, p control.LogParams) (control.LogResult, error) {
