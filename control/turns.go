@@ -10,6 +10,7 @@ const (
 	MethodCheckpoints = "session/checkpoints"
 	MethodRollback    = "session/rollback"
 	MethodRedo        = "session/redo"
+	MethodMarkUser    = "session/mark_user"
 
 	// EventRolledBack is published after a rollback or redo, with Paths.
 	EventRolledBack = "rolled_back"
@@ -55,6 +56,33 @@ type RollbackResult struct {
 	Conflicts     []Conflict `json:"conflicts"`
 	Failed        []Failure  `json:"failed"`
 	Diff          string     `json:"diff,omitempty"`
+}
+
+// MarkUserParams marks a process (and its descendants) as the user's, or
+// with Remove unmarks it: its changes are never part of a turn, and a path
+// it changes during a turn is a conflict for a rollback of that turn.
+type MarkUserParams struct {
+	Pid    int  `json:"pid"`
+	Remove bool `json:"remove,omitempty"`
+}
+
+// Validate implements Validator.
+func (p MarkUserParams) Validate() error {
+	if p.Pid <= 0 {
+		return invalidParams("pid", "pid must be a positive process id")
+	}
+	return nil
+}
+
+// MarkUserResult confirms a mark.
+type MarkUserResult struct {
+	Pid  int  `json:"pid"`
+	User bool `json:"user"`
+}
+
+func (c *Client) MarkUser(ctx context.Context, p MarkUserParams) (MarkUserResult, error) {
+	var r MarkUserResult
+	return r, c.Call(ctx, MethodMarkUser, p, &r)
 }
 
 func (c *Client) Turn(ctx context.Context, p TurnParams) (TurnInfo, error) {

@@ -41,6 +41,10 @@ func (e *Engine) capture(c Caller, paths ...string) error {
 		return nil
 	}
 	open := e.snaps.OpenSnapshots()
+	user := e.isUserProcess(c.Pid)
+	if user {
+		e.noteUserChange(paths)
+	}
 	for _, p := range paths {
 		if e.noCapture(p) {
 			continue
@@ -49,6 +53,9 @@ func (e *Engine) capture(c Caller, paths ...string) error {
 		for _, s := range open {
 			if s.Pid != 0 && !e.procs.descends(c.Pid, s.Pid) {
 				continue
+			}
+			if user && strings.HasPrefix(s.ScopeID, turnPrefix) {
+				continue // the user's own change is not the turn's
 			}
 			if e.snaps.Has(s.ScopeID, p) {
 				continue

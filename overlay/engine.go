@@ -110,6 +110,9 @@ type Engine struct {
 
 	incompleteMu sync.Mutex // appends to posts/SCOPE.uncaptured
 
+	userMu   sync.Mutex
+	userPids map[int]bool // processes marked as the user's (userMu)
+
 	turnOpts  TurnOptions
 	turnMu    sync.Mutex  // serializes turn starts, rollbacks and redo
 	redo      string      // scope of the redo snapshot; "" none (turnMu)

@@ -78,6 +78,70 @@ func (e *Engine) saveTurnLabels(m map[string]turnLabel) error {
 	return os.Rename(tmp, e.turnsFile())
 }
 
+// MarkUser marks pid (and its descendants) as the user's own processes,
+// or unmarks it: their changes are never captured into a turn, and a path
+// they change during a turn is a conflict for a rollback of that turn.
+func (e *Engine) MarkUser(pid int, user bool) {
+	e.userMu.Lock()
+	defer e.userMu.Unlock()
+	if e.userPids == nil {
+		e.userPids = map[int]bool{}
+	}
+	if user {
+		e.userPids[pid] = true
+	} else {
+		delete(e.userPids, pid)
+	}
+}
+
+func (e *Engine) isUserProcess(pid int) bool {
+	e.userMu.Lock()
+	defer e.userMu.Unlock()
+	for u := range e.userPids {
+		if e.procs.descends(pid, u) {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *Engine) userFile(turn string) string {
+	return filepath.Join(e.opts.StateDir, "posts", turnPrefix+turn+".user")
+}
+
+// noteUserChange records, for the open turn, paths a user's process
+// changed.
+func (e *Engine) noteUserChange(paths []string) {
+	turn := e.CurrentTurn()
+	if turn == "" {
+		return
+	}
+	os.MkdirAll(filepath.Dir(e.userFile(turn)), 0o700)
+	f, err := os.OpenFile(e.userFile(turn), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		e.logf("note the user's change: %v", err)
+		return
+	}
+	for _, p := range paths {
+		fmt.Fprintf(f, "%s\n", p)
+	}
+	f.Close()
+}
+
+func (e *Engine) userChanged(turn string) map[string]bool {
+	b, err := os.ReadFile(e.userFile(turn))
+	if err != nil {
+		return nil
+	}
+	out := map[string]bool{}
+	for _, p := range strings.Split(string(b), "\n") {
+		if p != "" {
+			out[p] = true
+		}
+	}
+	return out
+}
+
 // CurrentTurn returns the open turn's id, "" when none is open.
 func (e *Engine) CurrentTurn() string {
 	if e.snaps == nil {
@@ -205,6 +269,7 @@ func uniqStrings(s []string) []string {
 func (e *Engine) dropTurn(id string) {
 	e.snaps.Drop(turnPrefix + id)
 	e.snaps.Drop(postPrefix + id)
+	os.Remove(e.userFile(id))
 }
 
 // pruneTurns keeps the newest MaxTurns turns younger than MaxAge (the open
@@ -363,10 +428,28 @@ func (e *Engine) planRollback(turnID string, only []string, force bool) (*rollba
 	if force {
 		return plan, nil
 	}
+	// A path a process the host marked as the user's changed during one
+	// of these turns holds the user's work: a conflict.
+	userSet := map[string]bool{}
+	for _, id := range plan.turns {
+		for p := range e.userChanged(id) {
+			userSet[p] = true
+		}
+	}
+	userConflict := map[string]bool{}
+	for _, p := range plan.paths {
+		if userSet[p] {
+			userConflict[p] = true
+			plan.conflicts = append(plan.conflicts, Conflict{Path: p, Reason: "changed during the turn by a process marked as the user's"})
+		}
+	}
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	for _, p := range plan.paths {
 		post := plan.post[p]
+		if userConflict[p] {
+			continue
+		}
 		if post == nil {
 			continue // the turn is still open: what it left is the view
 		}

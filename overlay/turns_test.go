@@ -199,3 +199,30 @@ func TestTurnsNoCapture(t *testing.T) {
 	}
 	require.ElementsMatch(t, []string{"build", "build/keep.txt"}, paths)
 }
+
+// A process the host marked as the user's is never part of a turn, and a
+// path it changed during a turn is a conflict for that turn's rollback.
+func TestTurnsUserProcess(t *testing.T) {
+	h, _ := newSnapHarness(t, overlay.Staged)
+	h.baseFile("a", "a0\n")
+	h.baseFile("b", "b0\n")
+	_, err := h.e.StartTurn("t1", "")
+	require.NoError(t, err)
+	h.overwrite("a", "agent\n")
+	h.overwrite("b", "agent\n")
+	// The user (here: a process marked as the user's) edits b.
+	h.e.MarkUser(os.Getpid(), true)
+	h.overwrite("b", "user\n")
+	h.e.MarkUser(os.Getpid(), false)
+
+	res, err := h.e.Rollback("t1", nil, false)
+	require.NoError(t, err)
+	require.Len(t, res.Conflicts, 1)
+	require.Equal(t, "b", res.Conflicts[0].Path)
+	require.Equal(t, "a0\n", h.read("a"))
+	require.Equal(t, "user\n", h.read("b"), "the user's edit survives")
+
+	_, err = h.e.Rollback("t1", []string{"b"}, true)
+	require.NoError(t, err)
+	require.Equal(t, "b0\n", h.read("b"), "--force rolls it back too")
+}

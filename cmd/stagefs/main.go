@@ -71,6 +71,7 @@ func init() {
 		{"checkpoints", "checkpoints: list turns, newest first", runCheckpoints},
 		{"rollback", "rollback [TURN] [--force] [--diff] [-- PATH...]: return to the start of a turn", runRollback},
 		{"redo", "redo: take back the last rollback", runRedo},
+		{"user", "user PID [--remove]: mark a process tree as the user's (never rolled back silently)", runUser},
 		{"run", "run [-m MOUNT] [--scope ID] [--workdir DIR] -- CMD [ARGS...]: run CMD at the workspace's own path, staged", runRun},
 	}
 }

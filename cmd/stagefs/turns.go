@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -19,6 +20,7 @@ func (b *backend) registerTurns(s *control.Server) {
 	s.Handle(control.MethodCheckpoints, control.Typed(b.checkpoints))
 	s.Handle(control.MethodRollback, control.Typed(b.rollback))
 	s.Handle(control.MethodRedo, control.Typed(b.redo))
+	s.Handle(control.MethodMarkUser, control.Typed(b.markUser))
 }
 
 func turnInfo(t overlay.Turn) control.TurnInfo {
@@ -94,6 +96,42 @@ func (b *backend) redo(ctx context.Context, _ struct{}) (control.RollbackResult,
 	b.fs.Invalidate(r.Restored)
 	b.publish(control.Event{Kind: control.EventRolledBack, Paths: r.Restored, Detail: "redo"})
 	return rollbackResult(r), nil
+}
+
+func (b *backend) markUser(ctx context.Context, p control.MarkUserParams) (control.MarkUserResult, error) {
+	b.eng.MarkUser(p.Pid, !p.Remove)
+	return control.MarkUserResult{Pid: p.Pid, User: !p.Remove}, nil
+}
+
+func runUser(ctx context.Context, args []string) error {
+	var remove bool
+	cf, rest, c, err := parseClient("user", args, func(fs *pflag.FlagSet) {
+		fs.BoolVar(&remove, "remove", false, "unmark the process")
+	})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if len(rest) != 1 {
+		return usagef("usage: stagefs user PID [--remove]")
+	}
+	pid, err := strconv.Atoi(rest[0])
+	if err != nil {
+		return usagef("user: %q is not a process id", rest[0])
+	}
+	res, err := c.MarkUser(ctx, control.MarkUserParams{Pid: pid, Remove: remove})
+	if err != nil {
+		return err
+	}
+	if cf.json {
+		return printJSON(res)
+	}
+	if res.User {
+		fmt.Printf("process %d and its descendants are the user's: their changes are never rolled back silently\n", pid)
+	} else {
+		fmt.Printf("process %d is no longer marked as the user's\n", pid)
+	}
+	return nil
 }
 
 func runTurn(ctx context.Context, args []string) error {
