@@ -92,9 +92,6 @@ func (e *Engine) copyUp(p string, l loc, noData bool, c Caller) (*meta, error) {
 		if l.deleted() {
 			return nil, syscall.ENOENT
 		}
-		if l.m.Kind == KindDir {
-			return l.m, nil
-		}
 		return l.m, nil
 	}
 	st := e.baseStat(l)

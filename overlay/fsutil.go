@@ -150,18 +150,6 @@ func CleanPath(p string) (string, error) {
 	return strings.TrimPrefix(c, "/"), nil
 }
 
-// errnoOf extracts a syscall.Errno from err (EIO when there is none).
-func errnoOf(err error) syscall.Errno {
-	if err == nil {
-		return 0
-	}
-	var e syscall.Errno
-	if errors.As(err, &e) {
-		return e
-	}
-	return syscall.EIO
-}
-
 // procPath names rel's last component through its parent's descriptor, for
 // the calls that have no *at form (the xattr family). The parent was opened
 // without following symlinks and the l* calls do not follow the last name.

@@ -697,17 +697,7 @@ func (e *Engine) Readlink(p string) (string, error) {
 		if l.m.Kind != KindSymlink {
 			return "", syscall.EINVAL
 		}
-		fd, err := e.upper.open(p, unix.O_RDONLY, 0)
-		if err != nil {
-			return "", err
-		}
-		defer unix.Close(fd)
-		buf := make([]byte, unix.PathMax+1)
-		n, err := unix.Read(fd, buf)
-		if err != nil {
-			return "", err
-		}
-		return string(buf[:n]), nil
+		return e.readUpperSymlink(p)
 	}
 	if !l.hasBase {
 		return "", syscall.ENOENT

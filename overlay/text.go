@@ -1,6 +1,7 @@
 package overlay
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"sort"
@@ -47,7 +48,7 @@ func (e *Engine) WriteFile(p string, data []byte, c Caller) error {
 	if err != nil {
 		return err
 	}
-	_, err = io.Copy(fdWriter(f.Fd), bytesReader(data))
+	_, err = io.Copy(fdWriter(f.Fd), bytes.NewReader(data))
 	if err == nil {
 		err = unix.Fsync(f.Fd)
 	}
@@ -112,7 +113,7 @@ func (e *Engine) PatchFile(p string, c Caller, decide func(cur []byte, exists bo
 	if err != nil {
 		return err
 	}
-	_, err = io.Copy(fdWriter(f.Fd), bytesReader(next))
+	_, err = io.Copy(fdWriter(f.Fd), bytes.NewReader(next))
 	if err == nil {
 		err = unix.Fsync(f.Fd)
 	}
@@ -126,19 +127,6 @@ func (e *Engine) PatchFile(p string, c Caller, decide func(cur []byte, exists bo
 		return err
 	}
 	return e.recordOp(c, "patch", p, "", int64(len(next)))
-}
-
-type byteSliceReader struct{ b []byte }
-
-func bytesReader(b []byte) *byteSliceReader { return &byteSliceReader{b} }
-
-func (r *byteSliceReader) Read(p []byte) (int, error) {
-	if len(r.b) == 0 {
-		return 0, io.EOF
-	}
-	n := copy(p, r.b)
-	r.b = r.b[n:]
-	return n, nil
 }
 
 // Diff returns the pending changes at or below paths as file changes

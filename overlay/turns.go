@@ -196,13 +196,6 @@ func (e *Engine) StartTurn(id, label string) (Turn, error) {
 	return Turn{ID: id, Label: label, Started: time.Unix(0, info.Created), Open: true}, nil
 }
 
-// EndTurn ends the open turn, if any.
-func (e *Engine) EndTurn() error {
-	e.turnMu.Lock()
-	defer e.turnMu.Unlock()
-	return e.endTurnLocked()
-}
-
 func (e *Engine) endTurnLocked() error {
 	cur := e.CurrentTurn()
 	if cur == "" {
