@@ -176,7 +176,9 @@ func (e *Engine) commitLocked(sel []string, force bool) CommitResult {
 		if m == nil || m.Kind == KindWhiteout || m.Deleted {
 			continue
 		}
-		if st, err := e.base.lstat(p); err == nil && st.Dev == e.rootDev && st.Ino != m.shownIno() {
+		// Recorded even when the numbers agree: the inode may be a
+		// reused one that the map still gives another file's number.
+		if st, err := e.base.lstat(p); err == nil && st.Dev == e.rootDev {
 			inos = append(inos, [2]uint64{st.Ino, m.shownIno()})
 		}
 	}

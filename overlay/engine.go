@@ -476,9 +476,7 @@ func (e *Engine) seedUpperIno() {
 	for _, m := range e.index {
 		note(m.shownIno())
 	}
-	for ino := range e.inos.reserved {
-		note(ino)
-	}
+	note(e.inos.maxShown(upperInoBit))
 	e.upperIno.Store(top)
 }
 

@@ -11,31 +11,33 @@ import (
 // inoMap keeps inode numbers stable across commit. Commit writes a new
 // file into the workspace, which gets a new inode; the mount must go on
 // showing the number it showed before (git's index and make compare it).
-// Each commit records workspace inode -> shown number, and the shown
-// numbers are reserved, so a workspace file that later gets one of them as
-// its real number is shown under another: no two entries ever show the same
-// number. (A file that reuses a committed file's inode number after that
-// one was deleted inherits its shown number; a number is still unique.)
-// Stat and readdir map alike, so d_ino always equals st_ino.
+// Each commit records workspace inode -> shown number.
 //
-// STATE/inomap is append-only, one "real shown" line per mapping.
+// The map is one-to-one: a shown number belongs to one workspace inode at
+// a time. Committing a path again moves its shown number to the new inode
+// and forgets the old inode, which the filesystem is free to reuse; a
+// reused inode must not inherit a number that another file shows, or the
+// kernel would take the two files for one (same inode, shared page cache).
+// A workspace inode whose own number is shown by another file is shown
+// with reservedBit set. Stat and readdir map alike, so d_ino equals st_ino.
+//
+// STATE/inomap is append-only, one "real shown" line per change; a line
+// whose two numbers are equal removes real's mapping. It is rewritten
+// compactly at start-up when most of its lines are obsolete.
 type inoMap struct {
-	mu       sync.Mutex
-	byReal   map[uint64]inoMapping
-	reserved map[uint64]bool
-	path     string
-}
-
-type inoMapping struct {
-	shown uint64
+	mu      sync.Mutex
+	byReal  map[uint64]uint64 // workspace inode -> shown number
+	byShown map[uint64]uint64 // shown number -> workspace inode
+	lines   int               // lines in the file
+	path    string
 }
 
 // reservedBit marks a workspace inode number that collides with a number
-// the mount shows for a committed file.
+// the mount shows for another file.
 const reservedBit = 1 << 61
 
 func loadInoMap(stateDir string) (*inoMap, error) {
-	m := &inoMap{byReal: map[uint64]inoMapping{}, reserved: map[uint64]bool{}, path: filepath.Join(stateDir, "inomap")}
+	m := &inoMap{byReal: map[uint64]uint64{}, byShown: map[uint64]uint64{}, path: filepath.Join(stateDir, "inomap")}
 	f, err := os.Open(m.path)
 	if os.IsNotExist(err) {
 		return m, nil
@@ -46,22 +48,52 @@ func loadInoMap(stateDir string) (*inoMap, error) {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
+		m.lines++
 		var real, shown uint64
 		if n, _ := fmt.Sscanf(sc.Text(), "%d %d", &real, &shown); n == 2 {
 			m.setLocked(real, shown)
 		}
-		// A torn last line (a crash while appending) is skipped: that
-		// file then shows its new number, nothing worse.
+		// A torn last line (a crash while appending) is skipped: the
+		// commit that wrote it is finished again at start-up, which
+		// writes the line again.
 	}
-	return m, sc.Err()
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if m.lines > 1024 && m.lines > 4*len(m.byReal) {
+		if err := m.rewrite(); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
 }
 
+// setLocked makes real show as shown, taking shown away from any other
+// inode that had it.
 func (m *inoMap) setLocked(real, shown uint64) {
 	if old, ok := m.byReal[real]; ok {
-		delete(m.reserved, old.shown)
+		delete(m.byShown, old)
+		delete(m.byReal, real)
 	}
-	m.byReal[real] = inoMapping{shown}
-	m.reserved[shown] = true
+	if other, ok := m.byShown[shown]; ok {
+		delete(m.byReal, other)
+		delete(m.byShown, shown)
+	}
+	if real != shown {
+		m.byReal[real] = shown
+		m.byShown[shown] = real
+	}
+}
+
+// changes reports whether setLocked(real, shown) would change the map.
+func (m *inoMap) changes(real, shown uint64) bool {
+	if real == shown {
+		_, mapped := m.byReal[real]
+		_, taken := m.byShown[shown]
+		return mapped || taken
+	}
+	cur, ok := m.byReal[real]
+	return !ok || cur != shown
 }
 
 // shownFor returns the number to show for a workspace entry whose real
@@ -70,33 +102,93 @@ func (m *inoMap) shownFor(ino uint64) uint64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if v, ok := m.byReal[ino]; ok {
-		return v.shown
+		return v
 	}
-	if m.reserved[ino] {
+	if _, taken := m.byShown[ino]; taken {
 		return ino | reservedBit
 	}
 	return ino
 }
 
-// add records mappings and makes them durable.
-func (m *inoMap) add(entries [][2]uint64) error {
-	if len(entries) == 0 {
-		return nil
-	}
+// maxShown returns the largest shown number with bit set, 0 when none.
+func (m *inoMap) maxShown(bit uint64) uint64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	top := uint64(0)
+	for shown := range m.byShown {
+		if shown&bit != 0 && shown > top {
+			top = shown
+		}
+	}
+	return top
+}
+
+// add records that each entry's workspace inode (first) shows as its
+// second number, and makes the change durable.
+func (m *inoMap) add(entries [][2]uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var todo [][2]uint64
+	for _, e := range entries {
+		if m.changes(e[0], e[1]) {
+			todo = append(todo, e)
+		}
+	}
+	if len(todo) == 0 {
+		return nil
+	}
 	f, err := os.OpenFile(m.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
 	w := bufio.NewWriter(f)
-	for _, e := range entries {
+	for _, e := range todo {
 		fmt.Fprintf(w, "%d %d\n", e[0], e[1])
 		m.setLocked(e[0], e[1])
+		m.lines++
 	}
 	if err := w.Flush(); err != nil {
 		return err
 	}
 	return f.Sync()
+}
+
+// rewrite replaces the file with one line per live mapping, atomically.
+func (m *inoMap) rewrite() error {
+	tmp := m.path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriter(f)
+	for real, shown := range m.byReal {
+		fmt.Fprintf(w, "%d %d\n", real, shown)
+	}
+	err = w.Flush()
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, m.path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("compact %s: %w", m.path, err)
+	}
+	m.lines = len(m.byReal)
+	return syncDir(filepath.Dir(m.path))
+}
+
+// syncDir makes a rename inside dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }

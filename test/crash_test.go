@@ -995,6 +995,10 @@ func crashCommit(c *crashRun) {
 				what, recovered, dNew, dOld, m.daemonLog())
 		}
 		assertSameTree(t, what+": the mount after the restart", want, snapshot(t, m.in("c")))
+		// Inode numbers are unique: two files showing one number are
+		// one file to the kernel, which then serves one's pages for the
+		// other (a stale inode map did this after commits).
+		assertUniqueInos(t, what+": the mount after the restart", m.in("c"))
 		pending := 0
 		for _, e := range m.status().Entries {
 			if e.Path == "c" || strings.HasPrefix(e.Path, "c/") {

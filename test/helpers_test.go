@@ -787,6 +787,30 @@ func assertSameTree(t testing.TB, what string, a, b tree) {
 	}
 }
 
+// assertUniqueInos checks that no two entries under root (a tree without
+// hard links) show the same inode number.
+func assertUniqueInos(t testing.TB, what, root string) {
+	t.Helper()
+	seen := map[uint64]string{}
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		var st syscall.Stat_t
+		if err := syscall.Lstat(p, &st); err != nil {
+			return err
+		}
+		if other, ok := seen[st.Ino]; ok {
+			t.Errorf("%s: %s and %s both show inode %d", what, other, p, st.Ino)
+		}
+		seen[st.Ino] = p
+		return nil
+	})
+	if err != nil {
+		t.Errorf("%s: %v", what, err)
+	}
+}
+
 // waitFor polls cond until it holds or d passes.
 func waitFor(d time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)
