@@ -326,6 +326,13 @@ func (e *Engine) CloseSnapshot(scope string) (snapshot.Info, error) {
 		wasOpen = true
 	}
 	info, err := e.snaps.CloseSnapshot(scope)
+	if errors.Is(err, snapshot.ErrClosed) {
+		// Closed already (a snapshot of explicit paths closes at once, a
+		// host may retry): closing is idempotent and returns it as is.
+		if cur, ok := e.snaps.Lookup(scope); ok {
+			return cur, nil
+		}
+	}
 	if wasOpen && (err == nil || info.Closed) {
 		e.openSnaps.Add(-1)
 		e.note(Record{Op: "snapshot_close", Detail: fmt.Sprintf("%s: %d path(s)", scope, len(info.Paths))})

@@ -95,10 +95,33 @@ type commitRun struct {
 func (e *Engine) commitLocked(sel []string, force bool) CommitResult {
 	r := &commitRun{e: e, force: force, syncDir: map[string]bool{}, linked: map[uint64]string{}, failed: map[string]bool{}, prepared: map[uint64]preparedFile{}, movedAway: map[string]bool{}}
 	// 1. Directory renames, shallowest destination first.
-	var redirects []string
+	var redirects, movedDeleted []string
 	for _, p := range sel {
 		if m := e.index[p]; m != nil && m.Kind == KindDir && m.Redirect != "" {
-			redirects = append(redirects, p)
+			if m.Deleted {
+				movedDeleted = append(movedDeleted, p)
+			} else {
+				redirects = append(redirects, p)
+			}
+		}
+	}
+	// A directory moved and then deleted is deleted where the workspace
+	// has it, before any rename: its place may be another's destination,
+	// and its destination's parent may not exist.
+	handled := map[string]bool{}
+	for _, p := range movedDeleted {
+		var below []string
+		for _, q := range sel {
+			if q == p || strings.HasPrefix(q, p+"/") {
+				below = append(below, q)
+			}
+		}
+		sort.SliceStable(below, func(i, j int) bool { return depth(below[i]) > depth(below[j]) })
+		for _, q := range below {
+			if m := e.index[q]; m != nil && (m.Kind == KindWhiteout || m.Deleted) && !handled[q] {
+				r.do(q, r.applyDelete)
+				handled[q] = true
+			}
 		}
 	}
 	sort.SliceStable(redirects, func(i, j int) bool { return depth(redirects[i]) < depth(redirects[j]) })
@@ -135,6 +158,7 @@ func (e *Engine) commitLocked(sel []string, force bool) CommitResult {
 		m := e.index[p]
 		switch {
 		case m == nil:
+		case handled[p]:
 		case m.Kind == KindWhiteout || m.Deleted:
 			deletes = append(deletes, p)
 		case m.Kind == KindDir:
@@ -372,6 +396,17 @@ func (r *commitRun) applyRedirect(p string, m *meta) error {
 func (r *commitRun) finishRedirect(p string, m *meta, src string) error {
 	e := r.e
 	r.movedAway[src] = true
+	if sm := e.index[src]; sm != nil && sm.Kind != KindWhiteout && e.isBaseOf(sm.Base, m.Ino) {
+		// Something new was made at the source (mv a b; mkdir a). What
+		// it replaced has moved: from now on it replaces nothing, even
+		// if it is not part of this commit.
+		nm := *sm
+		nm.Base = Baseline{}
+		if err := e.writeMeta(src, &nm); err != nil {
+			return err
+		}
+		*sm = nm
+	}
 	if err := r.rewriteSources(src, p, m); err != nil {
 		return err
 	}
@@ -389,16 +424,33 @@ func (r *commitRun) finishRedirect(p string, m *meta, src string) error {
 
 func (r *commitRun) applyDelete(p string, m *meta) error {
 	e := r.e
-	st, done, err := r.check(p, m.Base, func(st *syscall.Stat_t) bool { return st == nil })
-	if err != nil || done {
-		return err
+	bp := r.deletedRedirectBase(p)
+	var st *syscall.Stat_t
+	if m.Kind == KindDir && m.Redirect != "" {
+		// The moved-then-deleted directory itself: the workspace has it
+		// at the source, known by its inode number.
+		st, _ = e.base.lstat(bp)
+		if st == nil {
+			r.movedAway[bp] = true
+			return nil
+		}
+		if st.Mode&syscall.S_IFMT != syscall.S_IFDIR || (e.baseIno(st) != m.Ino && !r.force) {
+			return &conflictError{expected: fmt.Sprintf("directory %s (ino %d)", bp, m.Ino), actual: "replaced in the workspace"}
+		}
+	} else {
+		var done bool
+		var err error
+		st, done, err = r.check(bp, m.Base, func(st *syscall.Stat_t) bool { return st == nil })
+		if err != nil || done {
+			return err
+		}
+		if st == nil {
+			return nil
+		}
 	}
-	if st == nil {
-		return nil
-	}
-	dir, _ := splitPath(p)
+	dir, _ := splitPath(bp)
 	r.syncDir[dir] = true
-	return e.base.withParent(p, func(dirfd int, name string) error {
+	err := e.base.withParent(bp, func(dirfd int, name string) error {
 		if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
 			err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
 			if err == unix.ENOTEMPTY || err == unix.EEXIST {
@@ -408,6 +460,25 @@ func (r *commitRun) applyDelete(p string, m *meta) error {
 		}
 		return unix.Unlinkat(dirfd, name, 0)
 	})
+	if err == nil && bp != p {
+		// What the source's own baseline describes is gone by this
+		// commit, as if moved away.
+		r.movedAway[bp] = true
+	}
+	return err
+}
+
+// deletedRedirectBase maps p to the workspace path it deletes: p itself,
+// unless p is, or is inside, a directory that was moved and then deleted
+// (its move is never applied), whose contents the workspace still has at
+// the source.
+func (r *commitRun) deletedRedirectBase(p string) string {
+	for q := p; q != ""; q, _ = splitPath(q) {
+		if m := r.e.index[q]; m != nil && m.Kind == KindDir && m.Deleted && m.Redirect != "" {
+			return m.Redirect + strings.TrimPrefix(p, q)
+		}
+	}
+	return p
 }
 
 // removeReplaced removes the base entry at p that a staged entry of
@@ -704,6 +775,16 @@ func (e *Engine) Discard(paths []string, c Caller) []string {
 	// Deepest first, so a directory goes after its contents.
 	sort.SliceStable(sel, func(i, j int) bool { return depth(sel[i]) > depth(sel[j]) })
 	var done []string
+	// A discarded directory rename gives its directory back to the
+	// source. When a new directory was made at the source meanwhile
+	// (mv a b; mkdir a), the two merge, as they will in the workspace:
+	// the new one must stop hiding the base directory.
+	movedBack := map[string]uint64{}
+	for _, p := range sel {
+		if m := e.index[p]; m != nil && m.Kind == KindDir && m.Redirect != "" {
+			movedBack[m.Redirect] = m.Ino
+		}
+	}
 	for _, p := range sel {
 		if e.index[p] == nil {
 			done = append(done, p) // went with a discarded directory
@@ -716,6 +797,20 @@ func (e *Engine) Discard(paths []string, c Caller) []string {
 		e.dropEntry(p)
 		e.pruneContainers(p)
 		done = append(done, p)
+	}
+	for src, ino := range movedBack {
+		m := e.index[src]
+		if m == nil || m.Kind != KindDir || !m.Opaque || m.Deleted || !e.isBaseOf(m.Base, ino) {
+			continue
+		}
+		nm := *m
+		nm.Opaque = false
+		if err := e.writeMeta(src, &nm); err != nil {
+			e.logf("discard: give %s its directory back: %v", src, err)
+			continue
+		}
+		*m = nm
+		done = append(done, src)
 	}
 	e.mu.Unlock()
 	sort.Strings(done)

@@ -444,6 +444,18 @@ func (e *Engine) baseIno(st *syscall.Stat_t) uint64 {
 	return e.inos.shownFor(st.Ino)
 }
 
+// isBaseOf reports whether baseline b (which holds the workspace's real
+// inode number) describes the base entry that the mount shows as shown.
+func (e *Engine) isBaseOf(b Baseline, shown uint64) bool {
+	if b.Ino == 0 {
+		return false
+	}
+	if b.Ino == shown {
+		return true
+	}
+	return e.inos != nil && e.inos.shownFor(b.Ino) == shown
+}
+
 // upperInoBit marks inode numbers of entries that exist only in the pending
 // set, so they never collide with a workspace inode.
 const upperInoBit = 1 << 62

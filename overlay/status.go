@@ -2,6 +2,7 @@ package overlay
 
 import (
 	"sort"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -93,18 +94,31 @@ func (e *Engine) selectLocked(paths []string, partners bool, ancestor func(*meta
 	// after, for the ancestors of a partner.
 	e.addAncestors(set, ancestor)
 	if partners {
+		// A rename's source is a workspace path; its whiteout sits at
+		// the view path, which differs when a parent was renamed too.
+		whiteoutAt := map[string]string{} // workspace path -> view path
+		for q, m := range e.index {
+			if m.Kind == KindWhiteout {
+				whiteoutAt[e.basePathOf(q)] = q
+			}
+		}
 		for p := range set {
 			m := e.index[p]
 			if m.Kind == KindDir && m.Redirect != "" {
-				if w := e.index[m.Redirect]; w != nil && w.Kind == KindWhiteout && w.Base.Ino != 0 && w.Base.Ino == m.Ino {
-					set[m.Redirect] = true
+				if q, ok := whiteoutAt[m.Redirect]; ok && e.isBaseOf(e.index[q].Base, m.Ino) {
+					set[q] = true
 				}
 			}
 		}
 		for p, m := range e.index {
 			if m.Kind == KindDir && m.Redirect != "" && !set[p] {
-				if set[m.Redirect] {
+				if q, ok := whiteoutAt[m.Redirect]; set[m.Redirect] || (ok && set[q]) {
 					set[p] = true
+					if m.Deleted {
+						// Moved, then deleted: its deletions below
+						// empty the workspace directory.
+						e.collect(p, set)
+					}
 				}
 			}
 		}
@@ -160,4 +174,16 @@ func (e *Engine) collect(q string, set map[string]bool) {
 // isRegular reports whether st is a regular file.
 func isRegular(st *syscall.Stat_t) bool {
 	return st != nil && st.Mode&syscall.S_IFMT == syscall.S_IFREG
+}
+
+// basePathOf returns the workspace path that view path p stands for: p,
+// unless an ancestor is a renamed directory.
+func (e *Engine) basePathOf(p string) string {
+	dir, name := splitPath(p)
+	for q := dir; q != ""; q, _ = splitPath(q) {
+		if m := e.index[q]; m != nil && m.Kind == KindDir && m.Redirect != "" && !m.Opaque {
+			return joinPath(m.Redirect+strings.TrimPrefix(dir, q), name)
+		}
+	}
+	return p
 }

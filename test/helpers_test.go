@@ -166,6 +166,7 @@ type stagefsMount struct {
 	pidMu    sync.Mutex
 	pid      int // daemon pid of the latest mount
 	extraEnv []string
+	bin      string // the binary that mounts (and so runs the daemon)
 }
 
 type mountOption func(*mountConfig)
@@ -176,6 +177,7 @@ type mountConfig struct {
 	symlinks map[string]string // workspace symlinks (path -> target)
 	stateRel string            // state dir relative to base (default "st")
 	extra    []string          // extra mount flags
+	bin      string            // the stagefs binary (default stagefsBin)
 }
 
 func withFiles(files map[string]string) mountOption {
@@ -197,6 +199,12 @@ func withSymlink(path, target string) mountOption {
 // withStateRel puts the state dir at base/rel (e.g. "ws/.stagefs-state").
 func withStateRel(rel string) mountOption {
 	return func(c *mountConfig) { c.stateRel = rel }
+}
+
+// withBinary mounts with another build of stagefs (say, one built with
+// the race detector).
+func withBinary(bin string) mountOption {
+	return func(c *mountConfig) { c.bin = bin }
 }
 
 func withMountFlags(flags ...string) mountOption {
@@ -276,6 +284,10 @@ func mountStagefs(t *testing.T, opts ...mountOption) *stagefsMount {
 		ws:    filepath.Join(base, "ws"),
 		mnt:   filepath.Join(base, "mnt"),
 		state: filepath.Join(base, cfg.stateRel),
+		bin:   cfg.bin,
+	}
+	if m.bin == "" {
+		m.bin = stagefsBin
 	}
 	m.sock = filepath.Join(m.state, "control.sock")
 	for _, d := range []string{m.ws, m.mnt} {
@@ -305,7 +317,7 @@ func mountStagefs(t *testing.T, opts ...mountOption) *stagefsMount {
 func (m *stagefsMount) mount(extra ...string) {
 	m.t.Helper()
 	args := append([]string{"mount", m.ws, m.mnt, "--state", m.state}, extra...)
-	r := runStagefs(m.t, args...)
+	r := runIn(m.t, cmdSpec{}, m.bin, args...)
 	if r.code != 0 {
 		m.t.Fatalf("stagefs mount failed (exit %d): %s%s\n%s", r.code, r.stdout, r.stderr, m.daemonLog())
 	}

@@ -1,0 +1,200 @@
+package test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// testPeerUID is a uid that belongs to no account: a stranger to both the
+// daemon and root, made up for this test.
+const testPeerUID = 54321
+
+// runAsStranger runs the stagefs CLI as testPeerUID with a copy of the
+// binary that the stranger may execute.
+func runAsStranger(t *testing.T, args ...string) result {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Skip("needs root to run a command as another uid")
+	}
+	dir, err := os.MkdirTemp("", "stagefs-peer-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "stagefs")
+	src, err := os.Open(stagefsBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(bin, os.O_CREATE|os.O_WRONLY, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Dir = "/"
+	cmd.Env = append(baseEnv(), "HOME=/nonexistent")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: testPeerUID, Gid: testPeerUID}}
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err = cmd.Run()
+	r := result{stdout: out.String(), stderr: errb.String(), err: err, code: -1}
+	var ee *exec.ExitError
+	if err == nil {
+		r.code = 0
+	} else if errors.As(err, &ee) {
+		r.code = ee.ExitCode()
+	}
+	return r
+}
+
+// A user other than the daemon's and root's cannot use the control
+// socket: the file modes stop it first, and SO_PEERCRED stops it when the
+// modes were loosened by mistake.
+func TestControlSocketRefusesOtherUsers(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"a.txt": "a\n"}))
+	sh(t, m.mnt, "echo staged > a.txt")
+
+	for path, want := range map[string]os.FileMode{m.state: 0o700, m.sock: 0o600} {
+		st, err := os.Lstat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := st.Mode().Perm(); got != want {
+			t.Errorf("%s has mode %o, want %o", path, got, want)
+		}
+	}
+
+	r := runAsStranger(t, "status", "--json", "--socket", m.sock)
+	if r.code == 0 {
+		t.Fatalf("uid %d read the status through a 0600 socket in a 0700 dir: %s", testPeerUID, r)
+	}
+	if !strings.Contains(r.stderr, "permission denied") {
+		t.Errorf("uid %d: want a permission error, got %s", testPeerUID, r)
+	}
+
+	// Loosen the modes as a careless host might: the daemon itself
+	// still refuses the peer by its uid.
+	for dir := m.state; dir != "/" && dir != os.TempDir(); dir = filepath.Dir(dir) {
+		if err := os.Chmod(dir, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(m.sock, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"status", "--json"},
+		{"commit", "--json"},
+		{"discard", "--json"},
+		{"mode", "immediate"},
+	} {
+		r := runAsStranger(t, append(args, "--socket", m.sock)...)
+		if r.code == 0 {
+			t.Errorf("uid %d ran %v: %s", testPeerUID, args, r)
+		}
+		if !strings.Contains(r.stderr, "not allowed") {
+			t.Errorf("uid %d ran %v: want a refusal naming the uid, got %s", testPeerUID, args, r)
+		}
+	}
+	if !strings.Contains(m.daemonLog(), "54321") {
+		t.Errorf("the daemon log does not record the refused uid:\n%s", m.daemonLog())
+	}
+	// Nothing the stranger asked for happened.
+	assertFile(t, m.inWS("a.txt"), "a\n")
+	assertFile(t, m.in("a.txt"), "staged\n")
+	if st := m.status(); st.PendingCount != 1 || st.Mode != "staged" {
+		t.Errorf("after the refused requests: %+v", st)
+	}
+}
+
+// From inside the mount nothing leads to the state dir when it lives in
+// the workspace: not its name, not `..` walks, not /proc/self/cwd, not a
+// symlink, not a hard link.
+func TestStateDirUnreachableFromMount(t *testing.T) {
+	parallel(t)
+	const hidden = ".stagefs-state"
+	m := mountStagefs(t,
+		withFiles(map[string]string{"a.txt": "a\n", "sub/b.txt": "b\n"}),
+		withSymlink("to-state", hidden),
+		withSymlink("sub/up-state", "../"+hidden+"/journal.log"),
+		withStateRel("ws/"+hidden))
+	before := snapshot(t, m.ws, hidden)
+
+	unreachable := []string{
+		hidden,
+		hidden + "/journal.log",
+		hidden + "/control.sock",
+		"sub/../" + hidden + "/journal.log",
+		"./sub/.././" + hidden,
+		"to-state/journal.log",
+		"sub/up-state",
+	}
+	for _, rel := range unreachable {
+		if _, err := os.Stat(m.in(rel)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("stat mnt/%s: %v, want ENOENT", rel, err)
+		}
+		if _, err := os.ReadFile(m.in(rel)); err == nil {
+			t.Errorf("read mnt/%s succeeded", rel)
+		}
+		if err := os.WriteFile(m.in(rel), []byte("x"), 0o644); err == nil {
+			t.Errorf("write mnt/%s succeeded", rel)
+		}
+	}
+	// A process whose working directory is in the mount, through
+	// /proc/self/cwd and relative walks.
+	script := `for p in /proc/self/cwd/` + hidden + `/journal.log ../` + filepath.Base(m.mnt) + `/` + hidden + ` ./` + hidden + `/control.sock /proc/self/cwd/../sub/../` + hidden + `; do
+	  if cat "$p" >/dev/null 2>&1 || ls "$p" >/dev/null 2>&1; then echo "REACHED $p"; fi
+	done
+	echo x > /proc/self/cwd/` + hidden + `/journal.log 2>/dev/null && echo "WROTE journal"
+	ln /proc/self/cwd/a.txt /proc/self/cwd/` + hidden + `/stolen 2>/dev/null && echo "LINKED into state"
+	ln /proc/self/cwd/` + hidden + `/journal.log stolen 2>/dev/null && echo "LINKED out of state"
+	mv a.txt ` + hidden + ` 2>/dev/null && echo "RENAMED onto state"
+	ln -s ` + hidden + `/journal.log j && cat j >/dev/null 2>&1 && echo "FOLLOWED new symlink"
+	true`
+	if out := sh(t, m.in("sub"), "cd .. && "+script); strings.TrimSpace(out) != "" {
+		t.Errorf("from inside the mount:\n%s", out)
+	}
+	if out := sh(t, m.mnt, "find . -name '*journal*' -o -name '*.sock' -o -name '"+hidden+"'"); strings.TrimSpace(out) != "" {
+		t.Errorf("find in the mount sees the state dir:\n%s", out)
+	}
+	// The state dir is intact and the workspace is untouched until a
+	// commit; the symlink the script made is staged, pointing nowhere.
+	if _, err := m.dial().Initialize(context.Background()); err != nil {
+		t.Errorf("control socket after the attempts: %v", err)
+	}
+	if r := m.cli("log", "--json"); r.code != 0 {
+		t.Errorf("the journal after the attempts: %s", r)
+	}
+	assertSameTree(t, "the workspace", before, snapshot(t, m.ws, hidden))
+	if _, err := os.Stat(filepath.Join(m.state, "stolen")); err == nil {
+		t.Errorf("a file appeared in the state dir")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && m.status().PendingCount == 0 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if kinds := statusKinds(m.status()); kinds["j"] != "symlink" || len(kinds) != 1 {
+		t.Errorf("pending after the attempts = %v, want only the symlink j", kinds)
+	}
+}
