@@ -84,29 +84,33 @@ func (sys *FS) Server() *fuse.Server { return sys.server }
 // handler and without engine locks (the control socket's goroutines), or
 // the kernel and the daemon could wait on each other.
 func (sys *FS) Invalidate(paths []string) {
-	func() {
-		for _, p := range paths {
-			parent := &sys.root.Inode
-			dir, name := "", p
-			if i := strings.LastIndexByte(p, '/'); i >= 0 {
-				dir, name = p[:i], p[i+1:]
-			}
-			if dir != "" {
-				for _, c := range strings.Split(dir, "/") {
-					if parent = parent.GetChild(c); parent == nil {
-						break
-					}
+	dirs := map[*fs.Inode]bool{}
+	for _, p := range paths {
+		parent := &sys.root.Inode
+		dir, name := "", p
+		if i := strings.LastIndexByte(p, '/'); i >= 0 {
+			dir, name = p[:i], p[i+1:]
+		}
+		if dir != "" {
+			for _, c := range strings.Split(dir, "/") {
+				if parent = parent.GetChild(c); parent == nil {
+					break
 				}
 			}
-			if parent == nil || name == "" {
-				continue
-			}
-			if child := parent.GetChild(name); child != nil {
-				child.NotifyContent(0, 0)
-			}
-			parent.NotifyEntry(name)
 		}
-	}()
+		if parent == nil || name == "" {
+			continue
+		}
+		if child := parent.GetChild(name); child != nil {
+			child.NotifyContent(0, 0)
+		}
+		parent.NotifyEntry(name)
+		dirs[parent] = true
+	}
+	// The parents' cached listings (FOPEN_CACHE_DIR) go too, once each.
+	for d := range dirs {
+		d.NotifyContent(0, 0)
+	}
 }
 
 // toErrno is the one translation of engine errors to kernel errnos: it
@@ -144,25 +148,26 @@ type node struct {
 }
 
 var (
-	_ fs.NodeLookuper      = (*node)(nil)
-	_ fs.NodeGetattrer     = (*node)(nil)
-	_ fs.NodeSetattrer     = (*node)(nil)
-	_ fs.NodeOpener        = (*node)(nil)
-	_ fs.NodeCreater       = (*node)(nil)
-	_ fs.NodeMkdirer       = (*node)(nil)
-	_ fs.NodeMknoder       = (*node)(nil)
-	_ fs.NodeSymlinker     = (*node)(nil)
-	_ fs.NodeLinker        = (*node)(nil)
-	_ fs.NodeUnlinker      = (*node)(nil)
-	_ fs.NodeRmdirer       = (*node)(nil)
-	_ fs.NodeRenamer       = (*node)(nil)
-	_ fs.NodeReadlinker    = (*node)(nil)
-	_ fs.NodeReaddirer     = (*node)(nil)
-	_ fs.NodeStatfser      = (*node)(nil)
-	_ fs.NodeGetxattrer    = (*node)(nil)
-	_ fs.NodeSetxattrer    = (*node)(nil)
-	_ fs.NodeListxattrer   = (*node)(nil)
-	_ fs.NodeRemovexattrer = (*node)(nil)
+	_ fs.NodeLookuper       = (*node)(nil)
+	_ fs.NodeGetattrer      = (*node)(nil)
+	_ fs.NodeSetattrer      = (*node)(nil)
+	_ fs.NodeOpener         = (*node)(nil)
+	_ fs.NodeCreater        = (*node)(nil)
+	_ fs.NodeMkdirer        = (*node)(nil)
+	_ fs.NodeMknoder        = (*node)(nil)
+	_ fs.NodeSymlinker      = (*node)(nil)
+	_ fs.NodeLinker         = (*node)(nil)
+	_ fs.NodeUnlinker       = (*node)(nil)
+	_ fs.NodeRmdirer        = (*node)(nil)
+	_ fs.NodeRenamer        = (*node)(nil)
+	_ fs.NodeReadlinker     = (*node)(nil)
+	_ fs.NodeReaddirer      = (*node)(nil)
+	_ fs.NodeOpendirHandler = (*node)(nil)
+	_ fs.NodeStatfser       = (*node)(nil)
+	_ fs.NodeGetxattrer     = (*node)(nil)
+	_ fs.NodeSetxattrer     = (*node)(nil)
+	_ fs.NodeListxattrer    = (*node)(nil)
+	_ fs.NodeRemovexattrer  = (*node)(nil)
 )
 
 func (n *node) path() string {
@@ -330,6 +335,75 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 		return nil, toErrno(err)
 	}
 	return []byte(t), 0
+}
+
+// OpendirHandle lists the directory once per open. The kernel may keep
+// the listing of a directory the pending set does not touch
+// (FOPEN_CACHE_DIR): it drops it when the directory's mtime changes (an
+// edit in the workspace, seen within the attribute timeout), when a
+// process changes the directory through the mount, and when stagefs
+// itself changes what it shows (Invalidate). A directory with pending
+// entries reports its upper copy's mtime, which edits in the workspace do
+// not move, so it is listed afresh on every open.
+//
+// The listing is made at the first READDIR, which the kernel skips when
+// it has the listing cached.
+func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	var fuseFlags uint32
+	if n.sys.eng.Untouched(n.path()) {
+		fuseFlags = fuse.FOPEN_CACHE_DIR
+	}
+	return &dirHandle{n: n}, fuseFlags, 0
+}
+
+// dirHandle is an open directory: its listing, made on first use.
+type dirHandle struct {
+	n    *node
+	list fs.DirStream
+}
+
+var (
+	_ fs.FileReaddirenter = (*dirHandle)(nil)
+	_ fs.FileSeekdirer    = (*dirHandle)(nil)
+	_ fs.FileReleasedirer = (*dirHandle)(nil)
+)
+
+func (d *dirHandle) load(ctx context.Context) syscall.Errno {
+	if d.list != nil {
+		return 0
+	}
+	list, errno := d.n.Readdir(ctx)
+	if errno == 0 {
+		d.list = list
+	}
+	return errno
+}
+
+func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	if errno := d.load(ctx); errno != 0 {
+		return nil, errno
+	}
+	if !d.list.HasNext() {
+		return nil, 0
+	}
+	e, errno := d.list.Next()
+	return &e, errno
+}
+
+func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	if errno := d.load(ctx); errno != 0 {
+		return errno
+	}
+	if s, ok := d.list.(fs.FileSeekdirer); ok {
+		return s.Seekdir(ctx, off)
+	}
+	return syscall.ENOTSUP
+}
+
+func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
+	if d.list != nil {
+		d.list.Close()
+	}
 }
 
 func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {

@@ -424,33 +424,68 @@ func (r *commitRun) finishRedirect(p string, m *meta, src string) error {
 
 func (r *commitRun) applyDelete(p string, m *meta) error {
 	e := r.e
-	bp := r.deletedRedirectBase(p)
-	var st *syscall.Stat_t
 	if m.Kind == KindDir && m.Redirect != "" {
-		// The moved-then-deleted directory itself: the workspace has it
-		// at the source, known by its inode number.
-		st, _ = e.base.lstat(bp)
-		if st == nil {
-			r.movedAway[bp] = true
-			return nil
-		}
-		if st.Mode&syscall.S_IFMT != syscall.S_IFDIR || (e.baseIno(st) != m.Ino && !r.force) {
-			return &conflictError{expected: fmt.Sprintf("directory %s (ino %d)", bp, m.Ino), actual: "replaced in the workspace"}
-		}
-	} else {
-		var done bool
-		var err error
-		st, done, err = r.check(bp, m.Base, func(st *syscall.Stat_t) bool { return st == nil })
-		if err != nil || done {
-			return err
-		}
-		if st == nil {
-			return nil
+		return r.deleteMovedDir(p, m)
+	}
+	bp := r.deletedRedirectBase(p)
+	if bp != p && m.Base.Exists {
+		// Below a moved-then-deleted directory a whiteout hides either
+		// an entry of the moved directory (at the source) or one of the
+		// directory the move replaced (at p): its baseline tells which.
+		if st, _ := e.base.lstat(bp); st == nil || st.Ino != m.Base.Ino {
+			if st, _ := e.base.lstat(p); st != nil && st.Ino == m.Base.Ino {
+				bp = p
+			}
 		}
 	}
-	dir, _ := splitPath(bp)
+	st, done, err := r.check(bp, m.Base, func(st *syscall.Stat_t) bool { return st == nil })
+	if err != nil || done || st == nil {
+		return err
+	}
+	return r.removeBase(bp, st)
+}
+
+// deleteMovedDir applies a directory moved and then deleted: the
+// workspace directory goes where the workspace has it (the move's source,
+// known by its inode number), and so does a directory the move replaced at
+// p. Their entries' deletions came first.
+func (r *commitRun) deleteMovedDir(p string, m *meta) error {
+	e := r.e
+	src := r.deletedRedirectBase(p)
+	if st, _ := e.base.lstat(src); st != nil {
+		if st.Mode&syscall.S_IFMT != syscall.S_IFDIR || (e.baseIno(st) != m.Ino && !r.force) {
+			return &conflictError{expected: fmt.Sprintf("directory %s (ino %d)", src, m.Ino), actual: "replaced in the workspace"}
+		}
+		if err := r.removeBase(src, st); err != nil {
+			return err
+		}
+	}
+	// What the source's own baseline describes is gone, as if moved away.
+	r.movedAway[src] = true
+	if st, _ := e.base.lstat(p); st != nil && m.Base.matches(st) && !r.isRenameSource(p) {
+		return r.removeBase(p, st)
+	}
+	return nil
+}
+
+// isRenameSource reports whether the workspace directory at p is the
+// source of a pending directory rename, which moves it elsewhere (or, if
+// moved and then deleted, deletes it itself).
+func (r *commitRun) isRenameSource(p string) bool {
+	for _, m := range r.e.index {
+		if m.Kind == KindDir && m.Redirect == p {
+			return true
+		}
+	}
+	return false
+}
+
+// removeBase removes the workspace entry st at p; a directory must be
+// empty by now.
+func (r *commitRun) removeBase(p string, st *syscall.Stat_t) error {
+	dir, _ := splitPath(p)
 	r.syncDir[dir] = true
-	err := e.base.withParent(bp, func(dirfd int, name string) error {
+	return r.e.base.withParent(p, func(dirfd int, name string) error {
 		if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
 			err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
 			if err == unix.ENOTEMPTY || err == unix.EEXIST {
@@ -460,12 +495,6 @@ func (r *commitRun) applyDelete(p string, m *meta) error {
 		}
 		return unix.Unlinkat(dirfd, name, 0)
 	})
-	if err == nil && bp != p {
-		// What the source's own baseline describes is gone by this
-		// commit, as if moved away.
-		r.movedAway[bp] = true
-	}
-	return err
 }
 
 // deletedRedirectBase maps p to the workspace path it deletes: p itself,

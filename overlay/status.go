@@ -65,6 +65,16 @@ func (e *Engine) Pending(paths []string) []Change {
 	return out
 }
 
+// Untouched reports whether the directory listing of p comes from the
+// workspace alone: no pending entry at p, so none below it either. Such a
+// listing changes only with the workspace directory's own mtime, which is
+// what lets the kernel cache it.
+func (e *Engine) Untouched(p string) bool {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.index[p] == nil
+}
+
 // PendingCount is the number of pending changes.
 func (e *Engine) PendingCount() int {
 	e.mu.RLock()

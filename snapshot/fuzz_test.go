@@ -9,7 +9,8 @@ import (
 )
 
 // FuzzDecodeManifest checks that DecodeManifest never panics and that what
-// it accepts is consistent: every path once, in the order of the entries,
+// it accepts is consistent: every path's pre-image once (a directory move
+// may repeat a path), in the order of the entries,
 // valid ids, and a manifest written back from the result decodes to the
 // same thing. The seed corpus is in testdata/fuzz/FuzzDecodeManifest and is
 // all that runs under a plain "go test".
@@ -32,10 +33,12 @@ func FuzzDecodeManifest(f *testing.F) {
 			if checkEntry(&e) != nil {
 				t.Fatalf("accepted bad entry %+v", e)
 			}
-			if info.Paths[i] != e.Path || seen[e.Path] {
+			// One pre-image per path; directory moves are recorded
+			// each time (restore undoes them in reverse order).
+			if info.Paths[i] != e.Path || seen[entryKey(e)] {
 				t.Fatalf("path %d: %q (paths %q)", i, e.Path, info.Paths)
 			}
-			seen[e.Path] = true
+			seen[entryKey(e)] = true
 			if _, ok := bodies[e.Hash]; e.Kind == KindFile && !ok {
 				bodies[e.Hash] = e.Size
 				sum += e.Size

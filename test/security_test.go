@@ -3,27 +3,64 @@ package test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 )
 
-// testPeerUID is a uid that belongs to no account: a stranger to both the
-// daemon and root, made up for this test.
-const testPeerUID = 54321
+// testUserName is a non-root account made for the tests that need
+// another user: a peer of the control socket, a non-root mount.
+const testUserName = "stagefs-test"
 
-// runAsStranger runs the stagefs CLI as testPeerUID with a copy of the
-// binary that the stranger may execute.
-func runAsStranger(t *testing.T, args ...string) result {
+var (
+	testUserOnce sync.Once
+	testUID      int
+	testUserErr  error
+)
+
+// testUser returns the uid of testUserName, creating the account (no home,
+// no login) the first time. It needs root.
+func testUser(t *testing.T) int {
 	t.Helper()
 	if os.Getuid() != 0 {
-		t.Skip("needs root to run a command as another uid")
+		t.Skip("needs root to make a user and run commands as it")
 	}
+	testUserOnce.Do(func() {
+		if u, err := user.Lookup(testUserName); err == nil {
+			testUID, testUserErr = strconv.Atoi(u.Uid)
+			return
+		}
+		out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", testUserName).CombinedOutput()
+		if err != nil {
+			testUserErr = fmt.Errorf("useradd %s: %v: %s", testUserName, err, out)
+			return
+		}
+		u, err := user.Lookup(testUserName)
+		if err != nil {
+			testUserErr = err
+			return
+		}
+		testUID, testUserErr = strconv.Atoi(u.Uid)
+	})
+	if testUserErr != nil {
+		t.Fatal(testUserErr)
+	}
+	return testUID
+}
+
+// strangerBinary is a copy of the stagefs binary that the test user may
+// execute (the build dir is private to root).
+func strangerBinary(t *testing.T) string {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "stagefs-peer-")
 	if err != nil {
 		t.Fatal(err)
@@ -48,15 +85,22 @@ func runAsStranger(t *testing.T, args ...string) result {
 	if err := dst.Close(); err != nil {
 		t.Fatal(err)
 	}
+	return bin
+}
+
+// runAs runs a command as uid (its own group too).
+func runAs(t *testing.T, uid int, name string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = "/"
-	cmd.Env = append(baseEnv(), "HOME=/nonexistent")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: testPeerUID, Gid: testPeerUID}}
+	cmd.Env = append(baseEnv(), "HOME=/nonexistent", "XDG_STATE_HOME=")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
 	var out, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errb
-	err = cmd.Run()
+	cmd.WaitDelay = 5 * time.Second
+	err := cmd.Run()
 	r := result{stdout: out.String(), stderr: errb.String(), err: err, code: -1}
 	var ee *exec.ExitError
 	if err == nil {
@@ -65,6 +109,22 @@ func runAsStranger(t *testing.T, args ...string) result {
 		r.code = ee.ExitCode()
 	}
 	return r
+}
+
+// runAsStranger runs the stagefs CLI as the test user.
+func runAsStranger(t *testing.T, args ...string) result {
+	t.Helper()
+	return runAs(t, testUser(t), strangerBinary(t), args...)
+}
+
+// openToOthers makes dir and its ancestors searchable by every user.
+func openToOthers(t *testing.T, dir string) {
+	t.Helper()
+	for ; dir != "/" && dir != os.TempDir(); dir = filepath.Dir(dir) {
+		if err := os.Chmod(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // A user other than the daemon's and root's cannot use the control
@@ -85,21 +145,18 @@ func TestControlSocketRefusesOtherUsers(t *testing.T) {
 		}
 	}
 
+	uid := testUser(t)
 	r := runAsStranger(t, "status", "--json", "--socket", m.sock)
 	if r.code == 0 {
-		t.Fatalf("uid %d read the status through a 0600 socket in a 0700 dir: %s", testPeerUID, r)
+		t.Fatalf("uid %d read the status through a 0600 socket in a 0700 dir: %s", uid, r)
 	}
 	if !strings.Contains(r.stderr, "permission denied") {
-		t.Errorf("uid %d: want a permission error, got %s", testPeerUID, r)
+		t.Errorf("uid %d: want a permission error, got %s", uid, r)
 	}
 
 	// Loosen the modes as a careless host might: the daemon itself
 	// still refuses the peer by its uid.
-	for dir := m.state; dir != "/" && dir != os.TempDir(); dir = filepath.Dir(dir) {
-		if err := os.Chmod(dir, 0o711); err != nil {
-			t.Fatal(err)
-		}
-	}
+	openToOthers(t, m.state)
 	if err := os.Chmod(m.sock, 0o666); err != nil {
 		t.Fatal(err)
 	}
@@ -111,13 +168,13 @@ func TestControlSocketRefusesOtherUsers(t *testing.T) {
 	} {
 		r := runAsStranger(t, append(args, "--socket", m.sock)...)
 		if r.code == 0 {
-			t.Errorf("uid %d ran %v: %s", testPeerUID, args, r)
+			t.Errorf("uid %d ran %v: %s", uid, args, r)
 		}
 		if !strings.Contains(r.stderr, "not allowed") {
-			t.Errorf("uid %d ran %v: want a refusal naming the uid, got %s", testPeerUID, args, r)
+			t.Errorf("uid %d ran %v: want a refusal naming the uid, got %s", uid, args, r)
 		}
 	}
-	if !strings.Contains(m.daemonLog(), "54321") {
+	if !strings.Contains(m.daemonLog(), strconv.Itoa(uid)) {
 		t.Errorf("the daemon log does not record the refused uid:\n%s", m.daemonLog())
 	}
 	// Nothing the stranger asked for happened.
@@ -196,5 +253,75 @@ func TestStateDirUnreachableFromMount(t *testing.T) {
 	}
 	if kinds := statusKinds(m.status()); kinds["j"] != "symlink" || len(kinds) != 1 {
 		t.Errorf("pending after the attempts = %v, want only the symlink j", kinds)
+	}
+}
+
+// A user other than root mounts through fusermount3: when /dev/fuse is not
+// open to it, the mount says what to change; when it is, the mount works
+// and the workspace stays untouched.
+func TestNonRootMount(t *testing.T) {
+	parallel(t)
+	requireFUSE(t)
+	requireTool(t, "fusermount3")
+	uid := testUser(t)
+	bin := strangerBinary(t)
+	base := shortTempDir(t)
+	openToOthers(t, base)
+	ws, mnt, state := filepath.Join(base, "ws"), filepath.Join(base, "mnt"), filepath.Join(base, "st")
+	writeTree(t, ws, map[string]string{"a.txt": "a\n"})
+	for _, d := range []string{ws, mnt, state, filepath.Join(ws, "a.txt")} {
+		os.MkdirAll(d, 0o755)
+		if err := os.Chown(d, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		if isMounted(mnt) {
+			t.Errorf("%s left mounted", mnt)
+			forceUnmount(mnt)
+		}
+	})
+	mount := func() result { return runAs(t, uid, bin, "mount", ws, mnt, "--state", state) }
+
+	st, err := os.Stat("/dev/fuse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mode := st.Mode().Perm(); mode&0o006 != 0o006 {
+		r := mount()
+		if r.code == 0 || isMounted(mnt) {
+			t.Fatalf("mount as uid %d with /dev/fuse %04o succeeded: %s", uid, mode, r)
+		}
+		if !strings.Contains(r.stderr, "chmod 0666 /dev/fuse") {
+			t.Errorf("mount as uid %d with /dev/fuse %04o: the error does not say what to change: %s", uid, mode, r)
+		}
+		// Open the device to others for the rest of the test, as
+		// distributions ship it.
+		if err := os.Chmod("/dev/fuse", 0o666); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Chmod("/dev/fuse", mode) })
+	}
+
+	if r := mount(); r.code != 0 {
+		t.Fatalf("mount as uid %d: %s", uid, r)
+	}
+	if !isMounted(mnt) {
+		t.Fatalf("mount as uid %d returned 0 but %s is not mounted", uid, mnt)
+	}
+	script := "echo staged > " + mnt + "/a.txt && cat " + mnt + "/a.txt && " + bin + " status --json -m " + mnt
+	r := runAs(t, uid, "sh", "-c", script)
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "staged\n") || !strings.Contains(r.stdout, `"pendingCount": 1,`) {
+		t.Errorf("writing through the mount as uid %d: %s", uid, r)
+	}
+	assertFile(t, filepath.Join(ws, "a.txt"), "a\n")
+	if r := runAs(t, uid, bin, "unmount", mnt); r.code != 0 {
+		t.Errorf("unmount as uid %d: %s", uid, r)
+	}
+	if isMounted(mnt) {
+		t.Errorf("%s still mounted after stagefs unmount", mnt)
+	}
+	if fi, err := os.Stat(filepath.Join(state, "upper", "a.txt")); err != nil || fi.Sys().(*syscall.Stat_t).Uid != uint32(uid) {
+		t.Errorf("the staged copy in the state dir: %v (want it owned by uid %d)", err, uid)
 	}
 }

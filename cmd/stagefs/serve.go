@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"log"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -94,7 +96,8 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		Name:    stagefsSourcePrefix + cfg.state,
 	})
 	if err != nil {
-		return fmt.Errorf("mount %s: %w%s", cfg.mountpoint, err, mountHint(err))
+		// go-fuse ends some messages with a newline; the hint goes on the same line.
+		return fmt.Errorf("mount %s: %s%s", cfg.mountpoint, strings.TrimSpace(err.Error()), mountHint(err))
 	}
 	b.fs = mfs
 	server := mfs.Server()
@@ -152,8 +155,13 @@ func mountHint(err error) string {
 			return " (as a non-root user stagefs needs fusermount3: install the fuse3 package)"
 		}
 	}
-	if _, serr := os.Stat("/dev/fuse"); serr != nil {
+	st, serr := os.Stat("/dev/fuse")
+	if serr != nil {
 		return " (/dev/fuse is missing: load the fuse module or give the container the device)"
+	}
+	if os.Geteuid() != 0 && unix.Access("/dev/fuse", unix.R_OK|unix.W_OK) != nil {
+		// fusermount3 opens the device with the caller's rights.
+		return fmt.Sprintf(" (/dev/fuse has mode %04o and is not open to uid %d: as root, `chmod 0666 /dev/fuse` (its usual mode), or mount as root)", st.Mode().Perm(), os.Geteuid())
 	}
 	return ""
 }
