@@ -620,6 +620,12 @@ func (e *Engine) undelete(p string) bool {
 		}
 		*m = nm
 	case m.Kind == KindWhiteout && m.Base.Exists && m.Base.Mode&syscall.S_IFMT == syscall.S_IFDIR:
+		if e.isRenameSourceLocked(e.basePathOf(p)) {
+			// The workspace directory was renamed away (mv d e), and the
+			// rename stays: showing it here again would show it twice,
+			// and commit moves it. The caller makes a new directory.
+			return false
+		}
 		l, err := e.locate(p)
 		if err != nil {
 			return false
@@ -842,6 +848,11 @@ func (e *Engine) normalize(p string) {
 		}
 	case KindDir:
 		if m.Deleted || bst == nil || bst.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+			return
+		}
+		if e.isRenameSourceLocked(l.basePath) {
+			// The workspace directory here is renamed elsewhere: this
+			// one stays new, or it would show it twice.
 			return
 		}
 		ust, err := e.upper.lstat(p)

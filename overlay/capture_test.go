@@ -630,3 +630,22 @@ func TestCaptureFailurePolicy(t *testing.T) {
 		require.Equal(t, "y\n", h.read("big"), "what could not be captured stays")
 	}
 }
+
+// A restore that brings back a directory which a later rename (kept by the
+// restore) took away must not show the workspace directory twice: the
+// restored one is a copy, and commit then writes both.
+func TestRestoreRenamedAwayDirectory(t *testing.T) {
+	h, _ := newSnapHarness(t, overlay.Staged)
+	h.baseFile("d/s/y", "y\n")
+	h.baseDir("d/t")
+	_, err := h.e.OpenSnapshot("call", "", 0, []string{"d/s"})
+	require.NoError(t, err)
+	h.rename("d/s", "d/t/s")
+	_, err = h.e.Restore("call")
+	require.NoError(t, err)
+	require.Equal(t, "y\n", h.read("d/s/y"))
+	require.Equal(t, "y\n", h.read("d/t/s/y"))
+	h.commitAll()
+	require.Equal(t, "y\n", h.baseRead("d/s/y"))
+	require.Equal(t, "y\n", h.baseRead("d/t/s/y"))
+}

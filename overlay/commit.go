@@ -471,9 +471,13 @@ func (r *commitRun) deleteMovedDir(p string, m *meta) error {
 // isRenameSource reports whether the workspace directory at p is the
 // source of a pending directory rename, which moves it elsewhere (or, if
 // moved and then deleted, deletes it itself).
-func (r *commitRun) isRenameSource(p string) bool {
-	for _, m := range r.e.index {
-		if m.Kind == KindDir && m.Redirect == p {
+func (r *commitRun) isRenameSource(p string) bool { return r.e.isRenameSourceLocked(p) }
+
+// isRenameSourceLocked reports whether some pending directory rename has
+// the workspace path base as its source.
+func (e *Engine) isRenameSourceLocked(base string) bool {
+	for _, m := range e.index {
+		if m.Kind == KindDir && m.Redirect == base {
 			return true
 		}
 	}

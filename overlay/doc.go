@@ -45,4 +45,16 @@
 // getattr, readdir) take it shared. Data I/O on open files takes no engine
 // lock. Journal records are appended after the lock is released, but before
 // the operation returns.
+//
+// # Durability of the journal
+//
+// The record of a staging operation (create, mkdir, unlink, rename, link,
+// symlink, setattr, xattrs, the first write-open of a path) is durable
+// before the operation is answered; concurrent operations share the
+// fdatasync (group commit). Records that change nothing in the pending
+// set's structure (a close, a write-open of a file already staged, a
+// refused attempt) are written without waiting and become durable with the
+// next durable record or fsync. Options.JournalSync, when set, treats
+// staging records the same way and syncs on a ticker. Commit's intent,
+// discard, snapshot and restore records are always durable first.
 package overlay

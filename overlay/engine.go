@@ -77,10 +77,19 @@ type Options struct {
 	// and that cannot be created through it (a state dir inside the
 	// workspace).
 	Hidden []string
+	// JournalSync is how long a staging operation's record may wait to be
+	// durable (--journal-sync). 0, the default, makes each one durable
+	// before the operation is answered. A positive interval answers at
+	// once and syncs the journal that often, and at every fsync in the
+	// mount; commit, discard, snapshot and restore records stay durable
+	// before they are answered.
+	JournalSync time.Duration
 }
 
 // Engine is the merged view of a workspace and its pending set.
 type Engine struct {
+	stopSync chan struct{} // stops the --journal-sync ticker
+	syncDone chan struct{}
 	base     layer
 	upper    layer
 	workFd   int
@@ -196,11 +205,38 @@ func New(opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("load pending set from %s: %w", filepath.Join(opts.StateDir, "upper"), err)
 	}
 	e.seedUpperIno()
+	if opts.JournalSync > 0 && e.journal != nil {
+		e.stopSync, e.syncDone = make(chan struct{}), make(chan struct{})
+		go e.syncEvery(opts.JournalSync)
+	}
 	return e, nil
+}
+
+// syncEvery makes the journal durable every interval (--journal-sync).
+func (e *Engine) syncEvery(interval time.Duration) {
+	defer close(e.syncDone)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.stopSync:
+			return
+		case <-t.C:
+			if err := e.journal.Sync(); err != nil {
+				e.logf("journal: %v", err)
+			}
+		}
+	}
 }
 
 // Close releases the engine's directory descriptors.
 func (e *Engine) Close() error {
+	if e.stopSync != nil {
+		close(e.stopSync)
+		<-e.syncDone
+		e.stopSync = nil
+		e.Sync()
+	}
 	for _, fd := range []*int{&e.base.fd, &e.upper.fd, &e.workFd} {
 		if *fd >= 0 {
 			unix.Close(*fd)

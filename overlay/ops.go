@@ -87,7 +87,7 @@ func (e *Engine) Open(p string, flags int, c Caller) (*File, error) {
 	r := Record{Op: op, Path: p, Pid: c.Pid}
 	if restaged {
 		e.recordLazy(r)
-	} else if err := e.record(r); err != nil {
+	} else if err := e.recordStaging(r); err != nil {
 		e.abandon(f)
 		return nil, err
 	}
@@ -516,7 +516,7 @@ func (e *Engine) Symlink(target, p string, c Caller) (*syscall.Stat_t, error) {
 	st, err := e.symlinkLocked(target, p, c)
 	e.mu.Unlock()
 	if err == nil {
-		err = e.record(Record{Op: "symlink", Path: p, Pid: c.Pid, Detail: target})
+		err = e.recordStaging(Record{Op: "symlink", Path: p, Pid: c.Pid, Detail: target})
 		e.changed()
 	}
 	return st, err
@@ -1444,7 +1444,7 @@ func (e *Engine) changeXattr(p, attr string, c Caller, op string, fn func(layer,
 	}()
 	e.mu.Unlock()
 	if err == nil {
-		err = e.record(Record{Op: op, Path: p, Pid: c.Pid, Detail: attr})
+		err = e.recordStaging(Record{Op: op, Path: p, Pid: c.Pid, Detail: attr})
 		e.changed()
 	}
 	return err

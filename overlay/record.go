@@ -35,6 +35,12 @@ func DecodeRecord(seq uint64, payload []byte) (Record, error) {
 // undone here.
 func (e *Engine) record(r Record) error { return e.appendRecord(r, true) }
 
+// recordStaging appends the record of a staging operation: durable before
+// it returns, unless --journal-sync lets it wait for the next sync.
+func (e *Engine) recordStaging(r Record) error {
+	return e.appendRecord(r, e.opts.JournalSync == 0)
+}
+
 // note appends r durably, logging a failure: for records of what already
 // happened and cannot be refused any more (a finished commit, a restore).
 func (e *Engine) note(r Record) {
@@ -90,7 +96,7 @@ func (e *Engine) Sync() error {
 // error (a full or failed disk under the state dir) is the operation's: no
 // change is answered as done without its record.
 func (e *Engine) recordOp(c Caller, op, p, p2 string, size int64) error {
-	err := e.record(Record{Op: op, Path: p, Path2: p2, Pid: c.Pid, Size: size})
+	err := e.recordStaging(Record{Op: op, Path: p, Path2: p2, Pid: c.Pid, Size: size})
 	e.changed()
 	return err
 }

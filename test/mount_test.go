@@ -527,3 +527,45 @@ func TestWorkspaceEditsShowThrough(t *testing.T) {
 		t.Errorf("workspace edits show as pending: %+v", st)
 	}
 }
+
+// --journal-sync lets staging records wait for a ticker instead of an
+// fdatasync each: they are still all in the log, also after the daemon is
+// killed, and bad values are refused.
+func TestJournalSyncFlag(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"a.txt": "a\n"}), withMountFlags("--journal-sync", "100ms"))
+	sh(t, m.mnt, "echo b > b.txt; mkdir d; mv a.txt d/; chmod 600 b.txt")
+	view := snapshot(t, m.mnt)
+	pid := m.daemonPid()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if !waitProcessGone(pid, 10*time.Second) {
+		t.Fatalf("daemon %d survived SIGKILL", pid)
+	}
+	m.mount("--journal-sync", "100ms")
+	assertSameTree(t, "the view after a kill and a restart", view, snapshot(t, m.mnt))
+	var lr control.LogResult
+	if err := json.Unmarshal([]byte(m.mustCLI("log", "--json")), &lr); err != nil {
+		t.Fatal(err)
+	}
+	ops := map[string]bool{}
+	for _, r := range lr.Records {
+		ops[r.Op+" "+r.Path] = true
+	}
+	for _, want := range []string{"create b.txt", "mkdir d", "rename a.txt", "setattr b.txt"} {
+		if !ops[want] {
+			t.Errorf("journal after the kill lacks %q: %v", want, ops)
+		}
+	}
+	other := filepath.Join(m.base, "other")
+	if err := os.Mkdir(other, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"-1s", "2m", "soon"} {
+		r := runStagefs(t, "mount", m.ws, other, "--journal-sync", bad)
+		if r.code != 2 {
+			t.Errorf("mount --journal-sync %s: %s, want a usage error (exit 2)", bad, r)
+		}
+	}
+}

@@ -34,6 +34,7 @@ type mountConfig struct {
 	noCapture                    []string
 	deny, hide                   []string
 	captureFailure               string
+	journalSync                  time.Duration
 }
 
 func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
@@ -49,6 +50,7 @@ func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
 	fs.StringVar(&cfg.captureFailure, "capture-failure", "allow", "when a pre-image cannot be stored: allow (mark the snapshot incomplete) or deny (fail the write with ENOSPC)")
 	fs.StringArrayVar(&cfg.deny, "deny", nil, "glob of paths that are read-only through the mount (repeatable)")
 	fs.StringArrayVar(&cfg.hide, "hide", nil, "glob of paths that are invisible through the mount (repeatable)")
+	fs.DurationVar(&cfg.journalSync, "journal-sync", 0, "how long a staging operation's journal record may wait to be durable; 0: durable before the operation is answered")
 	fs.Int64Var(&cfg.snapshotCap, "snapshot-cap", 1<<30, "bytes of snapshot pre-images kept; the oldest closed snapshots are evicted past it")
 	return fs
 }
@@ -84,6 +86,9 @@ func (cfg *mountConfig) resolve(workspace, mountpoint string) error {
 	}
 	if _, err := parseMode(cfg.mode); err != nil {
 		return usagef("%v", err)
+	}
+	if cfg.journalSync < 0 || cfg.journalSync > time.Minute {
+		return usagef("--journal-sync must be between 0 and 1m, not %v", cfg.journalSync)
 	}
 	if cfg.captureFailure != "allow" && cfg.captureFailure != "deny" {
 		return usagef("--capture-failure must be allow or deny, not %q", cfg.captureFailure)
@@ -189,7 +194,7 @@ func startBackground(cfg *mountConfig, args []string) error {
 	for _, g := range cfg.noCapture {
 		dargs = append(dargs, "--no-capture", g)
 	}
-	dargs = append(dargs, "--capture-failure", cfg.captureFailure)
+	dargs = append(dargs, "--capture-failure", cfg.captureFailure, "--journal-sync", cfg.journalSync.String())
 	for _, g := range cfg.deny {
 		dargs = append(dargs, "--deny", g)
 	}

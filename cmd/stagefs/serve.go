@@ -79,6 +79,7 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		Hide:      cfg.hide,
 
 		CaptureFailure:  cfg.captureFailure,
+		JournalSync:     cfg.journalSync,
 		OnCaptureFailed: b.captureFailed,
 	})
 	if err != nil {
