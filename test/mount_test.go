@@ -569,3 +569,50 @@ func TestJournalSyncFlag(t *testing.T) {
 		}
 	}
 }
+
+// A workspace file held open read-only and then opened for writing: the
+// write is staged, never written through to the workspace (the trap of a
+// kernel backing file shared per inode), and the read-only handle sees the
+// staged copy from then on.
+func TestReadOnlyThenWriteStages(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"a.txt": "workspace\n"}))
+	r, err := os.Open(m.in("a.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	buf := make([]byte, 64)
+	if n, err := r.ReadAt(buf, 0); string(buf[:n]) != "workspace\n" {
+		t.Fatalf("read-only handle reads %q (%v)", buf[:n], err)
+	}
+	w, err := os.OpenFile(m.in("a.txt"), os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteString("staged write\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	// Another write through a second writable handle, opened while the
+	// first is still open.
+	w2, err := os.OpenFile(m.in("a.txt"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w2.WriteString("more\n"); err != nil {
+		t.Fatal(err)
+	}
+	w2.Close()
+	w.Close()
+	assertFile(t, m.inWS("a.txt"), "workspace\n")
+	assertFile(t, m.in("a.txt"), "staged write\nmore\n")
+	if n, err := r.ReadAt(buf, 0); string(buf[:n]) != "staged write\nmore\n" {
+		t.Errorf("the read-only handle opened before the write reads %q (%v)", buf[:n], err)
+	}
+	if kinds := statusKinds(m.status()); kinds["a.txt"] != "write" {
+		t.Errorf("status = %v, want a.txt staged as a write", kinds)
+	}
+}
