@@ -16,15 +16,6 @@ func lsNames(t *testing.T, dir string) []string {
 	return out
 }
 
-func has(names []string, name string) bool {
-	for _, n := range names {
-		if n == name {
-			return true
-		}
-	}
-	return false
-}
-
 // Directory listings may be cached by the kernel, but what a listing shows
 // follows every change: through the mount at once, from stagefs's own
 // commit and discard at once, and from edits made directly in the
@@ -44,12 +35,12 @@ func TestDirListingCache(t *testing.T) {
 
 	// Through the mount: seen at once.
 	sh(t, m.mnt, "touch plain/new; rm plain/b")
-	if got := lsNames(t, m.in("plain")); !has(got, "new") || has(got, "b") {
+	if got := lsNames(t, m.in("plain")); !contains(got, "new") || contains(got, "b") {
 		t.Errorf("after touch plain/new; rm plain/b: ls plain = %v", got)
 	}
 	// stagefs's own changes: seen at once.
 	m.mustCLI("discard", "plain")
-	if got := lsNames(t, m.in("plain")); has(got, "new") || !has(got, "b") {
+	if got := lsNames(t, m.in("plain")); contains(got, "new") || !contains(got, "b") {
 		t.Errorf("after discard plain: ls plain = %v", got)
 	}
 	lsNames(t, m.in("plain")) // cached again, now untouched
@@ -68,7 +59,7 @@ func TestDirListingCache(t *testing.T) {
 	for _, d := range []string{"plain", "mixed"} {
 		ok := waitFor(5*time.Second, func() bool {
 			got := lsNames(t, m.in(d))
-			return has(got, "outside") && !has(got, "b")
+			return contains(got, "outside") && !contains(got, "b")
 		})
 		if !ok {
 			t.Errorf("ls %s after edits in the workspace = %v after %v; want outside and no b", d, lsNames(t, m.in(d)), time.Since(start))
@@ -76,7 +67,7 @@ func TestDirListingCache(t *testing.T) {
 			t.Errorf("ls %s showed the workspace edits only after %v (cache timeout 1 s)", d, took)
 		}
 	}
-	if got := lsNames(t, m.in("mixed")); !has(got, "a") || !has(got, "outside") {
+	if got := lsNames(t, m.in("mixed")); !contains(got, "a") || !contains(got, "outside") {
 		t.Errorf("ls mixed = %v", got)
 	}
 	assertFile(t, m.in("mixed/a"), "staged\n")

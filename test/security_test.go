@@ -111,12 +111,6 @@ func runAs(t *testing.T, uid int, name string, args ...string) result {
 	return r
 }
 
-// runAsStranger runs the stagefs CLI as the test user.
-func runAsStranger(t *testing.T, args ...string) result {
-	t.Helper()
-	return runAs(t, testUser(t), strangerBinary(t), args...)
-}
-
 // openToOthers makes dir and its ancestors searchable by every user.
 func openToOthers(t *testing.T, dir string) {
 	t.Helper()
@@ -146,7 +140,8 @@ func TestControlSocketRefusesOtherUsers(t *testing.T) {
 	}
 
 	uid := testUser(t)
-	r := runAsStranger(t, "status", "--json", "--socket", m.sock)
+	bin := strangerBinary(t)
+	r := runAs(t, uid, bin, "status", "--json", "--socket", m.sock)
 	if r.code == 0 {
 		t.Fatalf("uid %d read the status through a 0600 socket in a 0700 dir: %s", uid, r)
 	}
@@ -166,7 +161,7 @@ func TestControlSocketRefusesOtherUsers(t *testing.T) {
 		{"discard", "--json"},
 		{"mode", "immediate"},
 	} {
-		r := runAsStranger(t, append(args, "--socket", m.sock)...)
+		r := runAs(t, uid, bin, append(args, "--socket", m.sock)...)
 		if r.code == 0 {
 			t.Errorf("uid %d ran %v: %s", uid, args, r)
 		}
