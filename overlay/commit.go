@@ -462,26 +462,10 @@ func (r *commitRun) deleteMovedDir(p string, m *meta) error {
 	}
 	// What the source's own baseline describes is gone, as if moved away.
 	r.movedAway[src] = true
-	if st, _ := e.base.lstat(p); st != nil && m.Base.matches(st) && !r.isRenameSource(p) {
+	if st, _ := e.base.lstat(p); st != nil && m.Base.matches(st) && !e.isRenameSourceLocked(p) {
 		return r.removeBase(p, st)
 	}
 	return nil
-}
-
-// isRenameSource reports whether the workspace directory at p is the
-// source of a pending directory rename, which moves it elsewhere (or, if
-// moved and then deleted, deletes it itself).
-func (r *commitRun) isRenameSource(p string) bool { return r.e.isRenameSourceLocked(p) }
-
-// isRenameSourceLocked reports whether some pending directory rename has
-// the workspace path base as its source.
-func (e *Engine) isRenameSourceLocked(base string) bool {
-	for _, m := range e.index {
-		if m.Kind == KindDir && m.Redirect == base {
-			return true
-		}
-	}
-	return false
 }
 
 // removeBase removes the workspace entry st at p; a directory must be
@@ -504,7 +488,8 @@ func (r *commitRun) removeBase(p string, st *syscall.Stat_t) error {
 // deletedRedirectBase maps p to the workspace path it deletes: p itself,
 // unless p is, or is inside, a directory that was moved and then deleted
 // (its move is never applied), whose contents the workspace still has at
-// the source.
+// the source. (Unlike basePathOf it ignores renames that are not
+// deleted: those are applied before any deletion.)
 func (r *commitRun) deletedRedirectBase(p string) string {
 	for q := p; q != ""; q, _ = splitPath(q) {
 		if m := r.e.index[q]; m != nil && m.Kind == KindDir && m.Deleted && m.Redirect != "" {

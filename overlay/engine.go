@@ -88,8 +88,6 @@ type Options struct {
 
 // Engine is the merged view of a workspace and its pending set.
 type Engine struct {
-	stopSync chan struct{} // stops the --journal-sync ticker
-	syncDone chan struct{}
 	base     layer
 	upper    layer
 	workFd   int
@@ -98,6 +96,8 @@ type Engine struct {
 	journal  Journal
 	onChange func()
 	logf     func(string, ...any)
+	stopSync chan struct{} // stops the --journal-sync ticker
+	syncDone chan struct{}
 
 	// mu guards index, children and mode, and serializes namespace changes.
 	mu       sync.RWMutex

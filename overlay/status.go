@@ -197,3 +197,15 @@ func (e *Engine) basePathOf(p string) string {
 	}
 	return p
 }
+
+// isRenameSourceLocked reports whether a pending directory rename has the
+// workspace path base as its source (it moves that directory, or, moved
+// and then deleted, deletes it).
+func (e *Engine) isRenameSourceLocked(base string) bool {
+	for _, m := range e.index {
+		if m.Kind == KindDir && m.Redirect == base {
+			return true
+		}
+	}
+	return false
+}

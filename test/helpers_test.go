@@ -511,6 +511,7 @@ type cmdSpec struct {
 	dir   string
 	env   []string // added to baseEnv
 	stdin string
+	uid   int // run as this uid (and gid) when not 0
 }
 
 func runIn(t testing.TB, spec cmdSpec, name string, args ...string) result {
@@ -523,6 +524,9 @@ func runIn(t testing.TB, spec cmdSpec, name string, args ...string) result {
 		cmd.Dir = "/"
 	}
 	cmd.Env = append(baseEnv(), spec.env...)
+	if spec.uid != 0 {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(spec.uid), Gid: uint32(spec.uid)}}
+	}
 	if spec.stdin != "" {
 		cmd.Stdin = strings.NewReader(spec.stdin)
 	}

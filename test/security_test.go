@@ -88,27 +88,10 @@ func strangerBinary(t *testing.T) string {
 	return bin
 }
 
-// runAs runs a command as uid (its own group too).
+// runAs runs a command as uid (its own group too), with no home.
 func runAs(t *testing.T, uid int, name string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir = "/"
-	cmd.Env = append(baseEnv(), "HOME=/nonexistent", "XDG_STATE_HOME=")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
-	var out, errb strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	cmd.WaitDelay = 5 * time.Second
-	err := cmd.Run()
-	r := result{stdout: out.String(), stderr: errb.String(), err: err, code: -1}
-	var ee *exec.ExitError
-	if err == nil {
-		r.code = 0
-	} else if errors.As(err, &ee) {
-		r.code = ee.ExitCode()
-	}
-	return r
+	return runIn(t, cmdSpec{uid: uid, env: []string{"HOME=/nonexistent", "XDG_STATE_HOME="}}, name, args...)
 }
 
 // openToOthers makes dir and its ancestors searchable by every user.
