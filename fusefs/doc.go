@@ -4,7 +4,10 @@
 // reply. It owns what only the FUSE side knows: inode objects, kernel cache
 // timeouts and cache invalidation after commit and discard.
 //
-// Handles on workspace files are never passthrough-capable: a passthrough
-// backing file would let a later write-open of the same inode bypass the
-// daemon and write into the workspace.
+// Where the kernel allows it (root, Linux 6.9+), opens of pending bodies
+// are FUSE passthrough: the kernel reads and writes the upper file itself.
+// Handles on workspace files never are: a passthrough backing file would
+// let a later write-open of the same inode bypass the daemon and write into
+// the workspace. direct.go holds the rules that keep the kernel's one mode
+// and one backing file per inode consistent.
 package fusefs

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -25,6 +26,9 @@ type Options struct {
 	Debug   bool
 	// Name shows in /proc/mounts as the source.
 	Name string
+	// NoPassthrough keeps all file I/O in the daemon even where the
+	// kernel could pass pending bodies through (see direct.go).
+	NoPassthrough bool
 }
 
 // FS is a mounted overlay.
@@ -32,6 +36,13 @@ type FS struct {
 	eng    *overlay.Engine
 	root   *node
 	server *fuse.Server
+
+	// passthrough is set once the kernel has agreed to FUSE passthrough.
+	passthrough atomic.Bool
+	gensMu      sync.Mutex
+	gens        map[uint64]uint64 // inode number -> generation of new nodes, for retired nodes
+	heldMu      sync.Mutex
+	held        map[*heldWriter]bool // write-opens that are or may become passthrough handles
 }
 
 // Mount mounts eng at mountpoint and returns once the kernel serves it.
@@ -42,7 +53,7 @@ func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
 	if opts.Name == "" {
 		opts.Name = "stagefs"
 	}
-	sys := &FS{eng: eng}
+	sys := &FS{eng: eng, gens: map[uint64]uint64{}, held: map[*heldWriter]bool{}}
 	sys.root = &node{sys: sys}
 	st, err := eng.Stat("")
 	if err != nil {
@@ -72,6 +83,12 @@ func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
 		return nil, err
 	}
 	sys.server = server
+	// Passthrough needs root (registering a backing file takes
+	// CAP_SYS_ADMIN) and a kernel that offers it (6.9+).
+	if !opts.NoPassthrough && os.Geteuid() == 0 && server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0 {
+		eng.SetHeldWriters(sys.heldWriters)
+		sys.passthrough.Store(true)
+	}
 	return sys, nil
 }
 
@@ -145,6 +162,7 @@ func (sys *FS) caller(ctx context.Context) overlay.Caller {
 type node struct {
 	fs.Inode
 	sys *FS
+	io  ioModes
 }
 
 var (
@@ -186,7 +204,8 @@ func (n *node) child(name string) string {
 // existing one for the same inode number (hard links, copy-up).
 func (n *node) newChild(ctx context.Context, st *syscall.Stat_t, out *fuse.EntryOut) *fs.Inode {
 	out.Attr.FromStat(st)
-	return n.NewInode(ctx, &node{sys: n.sys}, fs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: st.Ino})
+	a := fs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: st.Ino, Gen: n.sys.generation(st.Ino)}
+	return n.NewInode(ctx, &node{sys: n.sys}, a)
 }
 
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
@@ -260,21 +279,57 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	p := n.path()
-	f, err := n.sys.eng.Open(p, int(flags), n.sys.caller(ctx))
+	c := n.sys.caller(ctx)
+	var hold *heldWriter
+	if n.sys.passthrough.Load() && flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0 {
+		hold = n.sys.hold(n, "", c.Pid)
+	}
+	f, err := n.sys.eng.Open(p, int(flags), c)
 	if err != nil {
+		n.sys.unhold(hold)
 		return nil, 0, toErrno(err)
 	}
-	return &handle{sys: n.sys, n: n, f: f, path: p}, 0, 0
+	return n.newHandle(p, f, hold, c)
+}
+
+// newHandle admits an open file f of n (see direct.go), or closes it.
+func (n *node) newHandle(p string, f *overlay.File, hold *heldWriter, c overlay.Caller) (*handle, uint32, syscall.Errno) {
+	h := &handle{sys: n.sys, n: n, f: f, path: p}
+	if errno := n.admit(h); errno != 0 {
+		n.sys.unhold(hold)
+		n.sys.eng.Release(p, f, c)
+		return nil, 0, errno
+	}
+	if h.direct {
+		h.hold = hold
+	} else {
+		n.sys.unhold(hold)
+	}
+	return h, 0, 0
 }
 
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	p := n.child(name)
-	f, st, err := n.sys.eng.Create(p, int(flags), mode, n.sys.caller(ctx))
+	c := n.sys.caller(ctx)
+	var hold *heldWriter
+	if n.sys.passthrough.Load() {
+		hold = n.sys.hold(nil, p, c.Pid)
+	}
+	f, st, err := n.sys.eng.Create(p, int(flags), mode, c)
 	if err != nil {
+		n.sys.unhold(hold)
 		return nil, nil, 0, toErrno(err)
 	}
 	child := n.newChild(ctx, st, out)
-	return child, &handle{sys: n.sys, n: child.Operations().(*node), f: f, path: p}, 0, 0
+	n.sys.created(hold, child.Operations().(*node))
+	// A new file's node is new too; an existing file's node may have to
+	// be retired, and the retried open then finds the file (with O_EXCL:
+	// EEXIST, as the file exists).
+	h, _, errno := child.Operations().(*node).newHandle(p, f, hold, c)
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
+	return child, h, 0, 0
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
@@ -479,6 +534,10 @@ type handle struct {
 	sys  *FS
 	n    *node
 	path string
+	// direct: the kernel does this handle's reads and writes itself, in
+	// its node's backing file (passthrough; see direct.go).
+	direct bool
+	hold   *heldWriter
 
 	mu sync.Mutex // guards f.Fd and f.Upper while re-pointing
 	f  *overlay.File
@@ -493,7 +552,15 @@ var (
 	_ fs.FileGetattrer = (*handle)(nil)
 	_ fs.FileLseeker   = (*handle)(nil)
 	_ fs.FileAllocater = (*handle)(nil)
+
+	_ fs.FilePassthroughFder = (*handle)(nil)
 )
+
+// PassthroughFd gives go-fuse the backing file for the node's first
+// passthrough open; later ones reuse it (admit checks that they may).
+func (h *handle) PassthroughFd() (int, bool) {
+	return h.f.Fd, h.direct
+}
 
 // fd returns the descriptor to read from, re-pointing a read-only handle on
 // a workspace file at its pending copy after a copy-up.
@@ -557,6 +624,8 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.sys.eng.Release(h.path, h.f, h.sys.caller(ctx))
+	h.n.release(h)
+	h.sys.unhold(h.hold)
 	return 0
 }
 

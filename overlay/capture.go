@@ -135,6 +135,12 @@ func (e *Engine) captureFailed(scope, p string, err error) error {
 	if e.opts.CaptureFailure == "deny" {
 		return syscall.ENOSPC
 	}
+	e.markIncomplete(scope, p, err)
+	return nil
+}
+
+// markIncomplete names p as a path scope could not capture.
+func (e *Engine) markIncomplete(scope, p string, err error) {
 	e.incompleteMu.Lock()
 	defer e.incompleteMu.Unlock()
 	f, ferr := os.OpenFile(e.incompleteFile(scope), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
@@ -145,7 +151,6 @@ func (e *Engine) captureFailed(scope, p string, err error) error {
 	if e.opts.OnCaptureFailed != nil {
 		e.opts.OnCaptureFailed(scope, p, err)
 	}
-	return nil
 }
 
 func (e *Engine) incompleteFile(scope string) string {
@@ -276,6 +281,7 @@ func (e *Engine) OpenSnapshot(scope, turn string, pid int, paths []string) (snap
 	e.openSnaps.Add(1)
 	e.note(Record{Op: "snapshot_open", Detail: scope, Pid: pid})
 	if len(paths) == 0 {
+		e.captureHeld(info)
 		return info, nil
 	}
 	e.mu.RLock()
@@ -961,4 +967,56 @@ func (e *Engine) removeTree(p string) error {
 		}
 	}
 	return e.Rmdir(p, daemon)
+}
+
+// HeldWriter is a file a process holds open for writing through FUSE
+// passthrough: the kernel writes it without asking the daemon, so no write
+// of it can be captured when it happens.
+type HeldWriter struct {
+	Path string
+	Pid  int // the process that opened it
+}
+
+// SetHeldWriters gives the engine the FUSE layer's list of held writers,
+// whose pre-images a snapshot captures when it opens.
+func (e *Engine) SetHeldWriters(list func() []HeldWriter) {
+	e.heldWriters.Store(&list)
+}
+
+// captureHeld captures, for the snapshot s that has just opened, the
+// pre-images of the files held open for writing through passthrough by
+// processes it covers: their next write would reach the pending body
+// without the daemon seeing it, so the pre-image is taken now. A file
+// opened for writing after this point is captured at its open.
+func (e *Engine) captureHeld(s snapshot.Info) {
+	list := e.heldWriters.Load()
+	if list == nil {
+		return
+	}
+	held := (*list)()
+	if len(held) == 0 {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, w := range held {
+		if w.Pid == 0 || (s.Pid != 0 && !e.procs.descends(w.Pid, s.Pid)) || e.noCapture(w.Path) {
+			continue
+		}
+		if strings.HasPrefix(s.ScopeID, turnPrefix) && e.isUserProcess(w.Pid) {
+			continue // the user's own change is not the turn's
+		}
+		if e.snaps.Has(s.ScopeID, w.Path) {
+			continue
+		}
+		pre, err := e.preImage(w.Path)
+		if err == nil {
+			pre.Pid, pre.Comm = w.Pid, e.procs.comm(w.Pid)
+			err = e.snaps.Add(s.ScopeID, *pre)
+		}
+		if err != nil && !errors.Is(err, snapshot.ErrClosed) && !errors.Is(err, syscall.ENOENT) {
+			e.logf("capture of %s (held open for writing) for %s failed: %v", w.Path, s.ScopeID, err)
+			e.markIncomplete(s.ScopeID, w.Path, err)
+		}
+	}
 }

@@ -113,9 +113,12 @@ type Engine struct {
 
 	snaps     *snapshot.Store
 	openSnaps atomic.Int64 // open snapshots: capture is skipped cheaply when 0
-	procs     procCache
-	inos      *inoMap // inode numbers kept across commit
-	upperIno  atomic.Uint64
+	// heldWriters lists the files held open for writing through
+	// passthrough (set by the FUSE layer).
+	heldWriters atomic.Pointer[func() []HeldWriter]
+	procs       procCache
+	inos        *inoMap // inode numbers kept across commit
+	upperIno    atomic.Uint64
 
 	incompleteMu sync.Mutex // appends to posts/SCOPE.uncaptured
 

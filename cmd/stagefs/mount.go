@@ -26,6 +26,7 @@ type mountConfig struct {
 	workspace, mountpoint, state string
 	mode                         string
 	foreground, debug            bool
+	noPassthrough                bool
 	readyFd                      int
 	timeout                      time.Duration
 	snapshotCap                  int64
@@ -50,6 +51,7 @@ func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
 	fs.StringVar(&cfg.captureFailure, "capture-failure", "allow", "when a pre-image cannot be stored: allow (mark the snapshot incomplete) or deny (fail the write with ENOSPC)")
 	fs.StringArrayVar(&cfg.deny, "deny", nil, "glob of paths that are read-only through the mount (repeatable)")
 	fs.StringArrayVar(&cfg.hide, "hide", nil, "glob of paths that are invisible through the mount (repeatable)")
+	fs.BoolVar(&cfg.noPassthrough, "no-passthrough", false, "keep all file I/O in the daemon (by default, as root on Linux 6.9+, the kernel reads and writes pending bodies directly)")
 	fs.DurationVar(&cfg.journalSync, "journal-sync", 0, "how long a staging operation's journal record may wait to be durable; 0: durable before the operation is answered")
 	fs.Int64Var(&cfg.snapshotCap, "snapshot-cap", 1<<30, "bytes of snapshot pre-images kept; the oldest closed snapshots are evicted past it")
 	return fs
@@ -203,6 +205,9 @@ func startBackground(cfg *mountConfig, args []string) error {
 	}
 	if cfg.debug {
 		dargs = append(dargs, "--debug")
+	}
+	if cfg.noPassthrough {
+		dargs = append(dargs, "--no-passthrough")
 	}
 	dargs = append(dargs, cfg.workspace, cfg.mountpoint)
 	cmd := exec.Command(exe, dargs...)

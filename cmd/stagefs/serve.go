@@ -93,9 +93,10 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		logger.Printf("finished an interrupted commit: %d committed, %d conflicts, %d failed", len(res.Committed), len(res.Conflicts), len(res.Failed))
 	}
 	mfs, err := fusefs.Mount(cfg.mountpoint, eng, fusefs.Options{
-		Timeout: cfg.timeout,
-		Debug:   cfg.debug,
-		Name:    stagefsSourcePrefix + cfg.state,
+		Timeout:       cfg.timeout,
+		Debug:         cfg.debug,
+		NoPassthrough: cfg.noPassthrough,
+		Name:          stagefsSourcePrefix + cfg.state,
 	})
 	if err != nil {
 		// go-fuse ends some messages with a newline; the hint goes on the same line.

@@ -1,0 +1,189 @@
+package fusefs
+
+import (
+	"strings"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"stagefs/overlay"
+)
+
+// Passthrough: the kernel reads and writes a file opened with
+// FOPEN_PASSTHROUGH directly in a backing file the daemon registered, so
+// large I/O on pending bodies does not go through the daemon. Three rules
+// keep it safe:
+//
+//   - Only a pending body (an upper file) is ever handed to the kernel,
+//     never a workspace file: the kernel opens the backing file again with
+//     each later open's flags, so a workspace backing file would take
+//     writes behind the daemon's back.
+//   - The kernel holds each inode in one mode at a time: while a
+//     passthrough open exists, every open must be passthrough with the same
+//     backing file, and while a cached open exists, none may be
+//     passthrough; anything else fails with EIO. go-fuse registers one
+//     backing file per node at its first passthrough open and reuses it
+//     until the node's last one is released (after our Release returns).
+//     ioModes counts both kinds of open per node and remembers the backing
+//     file's upper inode.
+//   - When an open cannot be served in the node's mode (its upper file was
+//     committed, discarded, restored or copied up again while the node
+//     still had, or may still have, another file as its backing), the node
+//     is retired: lookups of its name make a new node (a new generation of
+//     the same inode number) and the open fails with ESTALE, on which the
+//     kernel looks the name up again and retries the open once, on the new
+//     node. The old node keeps serving the handles already open on it.
+//
+// Writes through passthrough never reach Write, so they cannot be captured
+// as they happen. The engine captures at the write-open itself, and a
+// snapshot that opens later captures the files then held open for writing
+// (SetHeldWriters).
+
+// ioModes is how the kernel serves a node's open files.
+type ioModes struct {
+	mu      sync.Mutex
+	cached  int    // open handles whose I/O goes through the daemon
+	direct  int    // open passthrough handles
+	backing uint64 // upper inode of the backing file go-fuse registered; kept after the last close (see above)
+}
+
+// admit decides whether the kernel may do h's I/O itself and counts the
+// open on its node, or retires the node and returns ESTALE.
+func (n *node) admit(h *handle) syscall.Errno {
+	ino, eligible := n.passthroughIno(h.f)
+	m := &n.io
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case eligible && m.cached == 0 && (m.backing == 0 || m.backing == ino):
+		m.direct++
+		m.backing = ino
+		h.direct = true
+	case eligible && m.cached > 0, !eligible && m.direct == 0:
+		m.cached++
+	default:
+		n.sys.retire(n)
+		return syscall.ESTALE
+	}
+	return 0
+}
+
+// release uncounts h.
+func (n *node) release(h *handle) {
+	n.io.mu.Lock()
+	if h.direct {
+		n.io.direct--
+	} else {
+		n.io.cached--
+	}
+	n.io.mu.Unlock()
+}
+
+// passthroughIno returns the upper inode of f when the kernel may read and
+// write it directly: a pending body of a regular file, on a mount where
+// passthrough works.
+func (n *node) passthroughIno(f *overlay.File) (uint64, bool) {
+	if !f.Upper || !n.sys.passthrough.Load() || n.StableAttr().Mode != syscall.S_IFREG {
+		return 0, false
+	}
+	var st unix.Stat_t
+	if unix.Fstat(f.Fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return 0, false
+	}
+	return st.Ino, true
+}
+
+// retire makes later lookups of n's inode number create a new node.
+func (sys *FS) retire(n *node) {
+	a := n.StableAttr()
+	sys.gensMu.Lock()
+	if sys.gens[a.Ino] <= a.Gen {
+		sys.gens[a.Ino] = a.Gen + 1
+	}
+	sys.gensMu.Unlock()
+}
+
+// generation is the node generation new lookups of ino get.
+func (sys *FS) generation(ino uint64) uint64 {
+	sys.gensMu.Lock()
+	defer sys.gensMu.Unlock()
+	return sys.gens[ino]
+}
+
+// heldWriter is an open for writing that may become a passthrough handle:
+// its node, or before a create has made the node, its path.
+type heldWriter struct {
+	n    *node // heldMu
+	path string
+	pid  int
+}
+
+// hold registers a write-open before the engine opens the file, so that a
+// snapshot opening at any moment from here on either sees it here or is
+// seen by the open's own capture.
+func (sys *FS) hold(n *node, path string, pid int) *heldWriter {
+	w := &heldWriter{n: n, path: path, pid: pid}
+	sys.heldMu.Lock()
+	sys.held[w] = true
+	sys.heldMu.Unlock()
+	return w
+}
+
+func (sys *FS) unhold(w *heldWriter) {
+	if w == nil {
+		return
+	}
+	sys.heldMu.Lock()
+	delete(sys.held, w)
+	sys.heldMu.Unlock()
+}
+
+// created sets the node of a held create.
+func (sys *FS) created(w *heldWriter, n *node) {
+	if w != nil {
+		sys.heldMu.Lock()
+		w.n = n
+		sys.heldMu.Unlock()
+	}
+}
+
+// heldWriters lists the held writers with their current paths.
+func (sys *FS) heldWriters() []overlay.HeldWriter {
+	sys.heldMu.Lock()
+	held := make([]heldWriter, 0, len(sys.held))
+	for w := range sys.held {
+		held = append(held, *w)
+	}
+	sys.heldMu.Unlock()
+	out := make([]overlay.HeldWriter, 0, len(held))
+	for _, w := range held {
+		p, ok := w.path, true
+		if w.n != nil {
+			p, ok = w.n.livePath()
+		}
+		if ok {
+			out = append(out, overlay.HeldWriter{Path: p, Pid: w.pid})
+		}
+	}
+	return out
+}
+
+// livePath is n's path, unless n is no longer in the tree (unlinked or
+// retired).
+func (n *node) livePath() (string, bool) {
+	var names []string
+	root := &n.sys.root.Inode
+	for in := &n.Inode; in != root; {
+		name, parent := in.Parent()
+		if parent == nil {
+			return "", false
+		}
+		names = append(names, name)
+		in = parent
+	}
+	for i, j := 0, len(names)-1; i < j; i, j = i+1, j-1 {
+		names[i], names[j] = names[j], names[i]
+	}
+	return strings.Join(names, "/"), true
+}
