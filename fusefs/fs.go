@@ -220,7 +220,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 }
 
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	if h, ok := f.(*handle); ok {
+	if h, ok := asHandle(f); ok {
 		return h.Getattr(ctx, out)
 	}
 	st, err := n.sys.eng.Stat(n.path())
@@ -266,7 +266,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		a.Mtime = &ts
 	}
 	fd := -1
-	if h, ok := f.(*handle); ok && h.f.Writable {
+	if h, ok := asHandle(f); ok && h.f.Writable {
 		fd = h.f.Fd
 	}
 	st, err := n.sys.eng.Setattr(n.path(), fd, a, n.sys.caller(ctx))
@@ -293,7 +293,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 }
 
 // newHandle admits an open file f of n (see direct.go), or closes it.
-func (n *node) newHandle(p string, f *overlay.File, hold *heldWriter, c overlay.Caller) (*handle, uint32, syscall.Errno) {
+func (n *node) newHandle(p string, f *overlay.File, hold *heldWriter, c overlay.Caller) (fs.FileHandle, uint32, syscall.Errno) {
 	h := &handle{sys: n.sys, n: n, f: f, path: p}
 	if errno := n.admit(h); errno != 0 {
 		n.sys.unhold(hold)
@@ -302,9 +302,9 @@ func (n *node) newHandle(p string, f *overlay.File, hold *heldWriter, c overlay.
 	}
 	if h.direct {
 		h.hold = hold
-	} else {
-		n.sys.unhold(hold)
+		return &directHandle{h}, 0, 0
 	}
+	n.sys.unhold(hold)
 	return h, 0, 0
 }
 
@@ -482,7 +482,7 @@ func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 // Fsync makes a file or directory durable: a directory's fsync reaches the
 // node (go-fuse has no directory handle here), a file's goes to its handle.
 func (n *node) Fsync(ctx context.Context, f fs.FileHandle, flags uint32) syscall.Errno {
-	if h, ok := f.(*handle); ok {
+	if h, ok := asHandle(f); ok {
 		return h.Fsync(ctx, flags)
 	}
 	return toErrno(n.sys.eng.SyncPath(n.path()))
@@ -553,13 +553,28 @@ var (
 	_ fs.FileLseeker   = (*handle)(nil)
 	_ fs.FileAllocater = (*handle)(nil)
 
-	_ fs.FilePassthroughFder = (*handle)(nil)
+	_ fs.FilePassthroughFder = (*directHandle)(nil)
 )
+
+// directHandle is a handle whose I/O the kernel does itself. Only it has
+// PassthroughFd: go-fuse makes every open of a node passthrough while the
+// node has a backing file registered, if the handle has the method, even
+// when it answers false.
+type directHandle struct{ *handle }
 
 // PassthroughFd gives go-fuse the backing file for the node's first
 // passthrough open; later ones reuse it (admit checks that they may).
-func (h *handle) PassthroughFd() (int, bool) {
-	return h.f.Fd, h.direct
+func (h *directHandle) PassthroughFd() (int, bool) { return h.f.Fd, true }
+
+// asHandle returns the handle behind a file handle of either kind.
+func asHandle(f fs.FileHandle) (*handle, bool) {
+	switch h := f.(type) {
+	case *handle:
+		return h, true
+	case *directHandle:
+		return h.handle, true
+	}
+	return nil, false
 }
 
 // fd returns the descriptor to read from, re-pointing a read-only handle on
