@@ -8,6 +8,6 @@
 // are FUSE passthrough: the kernel reads and writes the upper file itself.
 // Handles on workspace files never are: a passthrough backing file would
 // let a later write-open of the same inode bypass the daemon and write into
-// the workspace. direct.go holds the rules that keep the kernel's one mode
+// the workspace. passthrough.go holds the rules that keep the kernel's one mode
 // and one backing file per inode consistent.
 package fusefs

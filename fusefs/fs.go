@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -27,7 +28,7 @@ type Options struct {
 	// Name shows in /proc/mounts as the source.
 	Name string
 	// NoPassthrough keeps all file I/O in the daemon even where the
-	// kernel could pass pending bodies through (see direct.go).
+	// kernel could pass pending bodies through (see passthrough.go).
 	NoPassthrough bool
 }
 
@@ -37,12 +38,14 @@ type FS struct {
 	root   *node
 	server *fuse.Server
 
-	// passthrough is set once the kernel has agreed to FUSE passthrough.
-	passthrough atomic.Bool
-	gensMu      sync.Mutex
-	gens        map[uint64]uint64 // inode number -> generation of new nodes, for retired nodes
-	heldMu      sync.Mutex
-	held        map[*heldWriter]bool // write-opens that are or may become passthrough handles
+	// passthrough is set once FUSE passthrough is known to work;
+	// passthroughNote says why not.
+	passthrough     atomic.Bool
+	passthroughNote string
+	gensMu          sync.Mutex
+	gens            map[uint64]uint64 // inode number -> generation of new nodes, for retired nodes
+	heldMu          sync.Mutex
+	held            map[*heldWriter]bool // write-opens that are or may become passthrough handles
 }
 
 // Mount mounts eng at mountpoint and returns once the kernel serves it.
@@ -83,13 +86,47 @@ func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
 		return nil, err
 	}
 	sys.server = server
-	// Passthrough needs root (registering a backing file takes
-	// CAP_SYS_ADMIN) and a kernel that offers it (6.9+).
-	if !opts.NoPassthrough && os.Geteuid() == 0 && server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0 {
+	if sys.passthroughNote = sys.probePassthrough(opts); sys.passthroughNote == "" {
 		eng.SetHeldWriters(sys.heldWriters)
 		sys.passthrough.Store(true)
 	}
 	return sys, nil
+}
+
+// probePassthrough returns why passthrough cannot be used, or "". It needs
+// root (registering a backing file takes CAP_SYS_ADMIN), a kernel that
+// offers it (6.9+, CONFIG_FUSE_PASSTHROUGH) and an upper tree the kernel
+// accepts as backing (not too deeply stacked, e.g. on overlayfs). go-fuse
+// would turn it off silently at the first failed registration, so one is
+// tried here, on a scratch file, before any open depends on it.
+func (sys *FS) probePassthrough(opts Options) string {
+	switch {
+	case opts.NoPassthrough:
+		return "--no-passthrough"
+	case os.Geteuid() != 0:
+		return "not root"
+	case sys.server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH == 0:
+		return "the kernel does not offer it"
+	}
+	fd, err := sys.eng.ScratchFile()
+	if err != nil {
+		return fmt.Sprintf("no scratch file in the state dir: %v", err)
+	}
+	defer unix.Close(fd)
+	id, errno := sys.server.RegisterBackingFd(&fuse.BackingMap{Fd: int32(fd)})
+	if errno != 0 {
+		return fmt.Sprintf("the kernel refuses the state dir's files as backing files: %v", errno)
+	}
+	sys.server.UnregisterBackingFd(id)
+	return ""
+}
+
+// Passthrough says whether pending bodies are passed through, or why not.
+func (sys *FS) Passthrough() string {
+	if sys.passthroughNote == "" {
+		return "on"
+	}
+	return "off (" + sys.passthroughNote + ")"
 }
 
 // Server is the go-fuse server (Wait, Unmount).
@@ -292,7 +329,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	return n.newHandle(p, f, hold, c)
 }
 
-// newHandle admits an open file f of n (see direct.go), or closes it.
+// newHandle admits an open file f of n (see passthrough.go), or closes it.
 func (n *node) newHandle(p string, f *overlay.File, hold *heldWriter, c overlay.Caller) (fs.FileHandle, uint32, syscall.Errno) {
 	h := &handle{sys: n.sys, n: n, f: f, path: p}
 	if errno := n.admit(h); errno != 0 {
@@ -300,9 +337,9 @@ func (n *node) newHandle(p string, f *overlay.File, hold *heldWriter, c overlay.
 		n.sys.eng.Release(p, f, c)
 		return nil, 0, errno
 	}
-	if h.direct {
+	if h.passthrough {
 		h.hold = hold
-		return &directHandle{h}, 0, 0
+		return &passthroughHandle{h}, 0, 0
 	}
 	n.sys.unhold(hold)
 	return h, 0, 0
@@ -322,9 +359,8 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	}
 	child := n.newChild(ctx, st, out)
 	n.sys.created(hold, child.Operations().(*node))
-	// A new file's node is new too; an existing file's node may have to
-	// be retired, and the retried open then finds the file (with O_EXCL:
-	// EEXIST, as the file exists).
+	// go-fuse keeps a created child as a node of its own (it never merges
+	// it with a known node of the same inode), so admit starts afresh.
 	h, _, errno := child.Operations().(*node).newHandle(p, f, hold, c)
 	if errno != 0 {
 		return nil, nil, 0, errno
@@ -534,10 +570,10 @@ type handle struct {
 	sys  *FS
 	n    *node
 	path string
-	// direct: the kernel does this handle's reads and writes itself, in
-	// its node's backing file (passthrough; see direct.go).
-	direct bool
-	hold   *heldWriter
+	// passthrough: the kernel does this handle's reads and writes
+	// itself, in its node's backing file (see passthrough.go).
+	passthrough bool
+	hold        *heldWriter
 
 	mu sync.Mutex // guards f.Fd and f.Upper while re-pointing
 	f  *overlay.File
@@ -553,25 +589,25 @@ var (
 	_ fs.FileLseeker   = (*handle)(nil)
 	_ fs.FileAllocater = (*handle)(nil)
 
-	_ fs.FilePassthroughFder = (*directHandle)(nil)
+	_ fs.FilePassthroughFder = (*passthroughHandle)(nil)
 )
 
-// directHandle is a handle whose I/O the kernel does itself. Only it has
+// passthroughHandle is a handle whose I/O the kernel does itself. Only it has
 // PassthroughFd: go-fuse makes every open of a node passthrough while the
 // node has a backing file registered, if the handle has the method, even
 // when it answers false.
-type directHandle struct{ *handle }
+type passthroughHandle struct{ *handle }
 
 // PassthroughFd gives go-fuse the backing file for the node's first
 // passthrough open; later ones reuse it (admit checks that they may).
-func (h *directHandle) PassthroughFd() (int, bool) { return h.f.Fd, true }
+func (h *passthroughHandle) PassthroughFd() (int, bool) { return h.f.Fd, true }
 
 // asHandle returns the handle behind a file handle of either kind.
 func asHandle(f fs.FileHandle) (*handle, bool) {
 	switch h := f.(type) {
 	case *handle:
 		return h, true
-	case *directHandle:
+	case *passthroughHandle:
 		return h.handle, true
 	}
 	return nil, false

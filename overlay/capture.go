@@ -985,9 +985,14 @@ func (e *Engine) SetHeldWriters(list func() []HeldWriter) {
 
 // captureHeld captures, for the snapshot s that has just opened, the
 // pre-images of the files held open for writing through passthrough by
-// processes it covers: their next write would reach the pending body
-// without the daemon seeing it, so the pre-image is taken now. A file
-// opened for writing after this point is captured at its open.
+// processes it covers (the process that opened the file, as the daemon
+// never sees who writes): their next write would reach the pending body
+// without the daemon seeing it, so the pre-image is taken now, whether or
+// not they write again. A file opened for writing after this point is
+// captured at its open: the FUSE layer registers a write-open before the
+// engine opens the file, and the snapshot is counted open (openSnaps)
+// before this list is read, so every write-open is seen by one or the
+// other.
 func (e *Engine) captureHeld(s snapshot.Info) {
 	list := e.heldWriters.Load()
 	if list == nil {
@@ -997,8 +1002,8 @@ func (e *Engine) captureHeld(s snapshot.Info) {
 	if len(held) == 0 {
 		return
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.mu.RLock()
+	defer e.mu.RUnlock()
 	for _, w := range held {
 		if w.Pid == 0 || (s.Pid != 0 && !e.procs.descends(w.Pid, s.Pid)) || e.noCapture(w.Path) {
 			continue

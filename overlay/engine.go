@@ -132,6 +132,12 @@ type Engine struct {
 	redoValid atomic.Bool // cleared by the first tool mutation after a rollback
 }
 
+// ScratchFile returns an unnamed file on the upper tree's file system, for
+// the FUSE layer to try passthrough with. The caller closes it.
+func (e *Engine) ScratchFile() (int, error) {
+	return unix.Openat(e.workFd, ".", unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+}
+
 // New opens the workspace and the state dir and loads the pending set.
 func New(opts Options) (*Engine, error) {
 	if opts.Mode == "" {

@@ -29,6 +29,35 @@ func passthroughAvailable() bool {
 	return major > 6 || major == 6 && minor >= 9
 }
 
+// passthroughState is what the daemon logged at start: "on", or "off
+// (why)".
+func passthroughState(t *testing.T, m *stagefsMount) string {
+	t.Helper()
+	const prefix = "passthrough of pending bodies: "
+	for _, line := range strings.Split(m.daemonLog(), "\n") {
+		if _, v, ok := strings.Cut(line, prefix); ok {
+			return v
+		}
+	}
+	t.Fatalf("the daemon did not log its passthrough state:\n%s", m.daemonLog())
+	return ""
+}
+
+// requirePassthrough skips t when the kernel cannot pass files through,
+// and fails it when the kernel could but the daemon did not turn it on
+// (say, a registration refused for a reason stagefs should handle).
+func requirePassthrough(t *testing.T, m *stagefsMount) {
+	t.Helper()
+	state := passthroughState(t, m)
+	switch {
+	case state == "on":
+	case strings.Contains(state, "kernel does not offer"):
+		t.Skipf("passthrough %s", state)
+	default:
+		t.Fatalf("passthrough %s, on a kernel that offers it to root", state)
+	}
+}
+
 // processIO reads a counter ("wchar", "rchar") of /proc/PID/io: the bytes
 // the process moved with read and write system calls.
 func processIO(t *testing.T, pid int, field string) int64 {
@@ -72,6 +101,11 @@ func TestPassthroughStagedWrites(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := mountStagefs(t, withFiles(map[string]string{"keep.txt": "workspace\n"}), withMountFlags(tc.flags...))
+			if tc.direct {
+				requirePassthrough(t, m)
+			} else if state := passthroughState(t, m); state != "off (--no-passthrough)" {
+				t.Fatalf("with --no-passthrough the daemon says passthrough %s", state)
+			}
 			pid := m.daemonPid()
 			wrote := processIO(t, pid, "wchar")
 			f, err := os.Create(m.in("big.bin"))
@@ -124,6 +158,9 @@ func TestPassthroughStagedWrites(t *testing.T) {
 func TestPassthroughAcrossCommitAndDiscard(t *testing.T) {
 	parallel(t)
 	m := mountStagefs(t, withFiles(map[string]string{"a.txt": "v0\n"}))
+	if passthroughAvailable() {
+		requirePassthrough(t, m)
+	}
 	if err := os.WriteFile(m.in("a.txt"), []byte("v1\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -201,6 +238,9 @@ func TestPassthroughAcrossCommitAndDiscard(t *testing.T) {
 func TestSnapshotCapturesHeldWriter(t *testing.T) {
 	parallel(t)
 	m := mountStagefs(t, withFiles(map[string]string{"log.txt": "workspace\n", "staged.txt": "base\n"}))
+	if passthroughAvailable() {
+		requirePassthrough(t, m)
+	}
 	if err := os.WriteFile(m.in("staged.txt"), []byte("staged\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -119,12 +120,21 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		ctl.Close()
 		os.Remove(socketPath(cfg.state))
 	}()
+	// Logged before the mount is reported ready, so it is there to read.
+	logger.Printf("passthrough of pending bodies: %s", mfs.Passthrough())
 	if ready != nil {
 		fmt.Fprintln(ready, "ready")
 		ready.Close()
 	}
 	logger.Printf("serving %s over %s (state %s, mode %s)", cfg.mountpoint, cfg.workspace, cfg.state, mode)
 
+	if path := os.Getenv("STAGEFS_CPUPROFILE"); path != "" {
+		// For finding where the daemon's time goes (scripts/bench runs):
+		// a CPU profile of the whole mount, written at unmount.
+		if f, err := os.Create(path); err == nil && pprof.StartCPUProfile(f) == nil {
+			defer func() { pprof.StopCPUProfile(); f.Close() }()
+		}
+	}
 	done := make(chan struct{})
 	go func() { server.Wait(); close(done) }()
 	sigs := make(chan os.Signal, 1)

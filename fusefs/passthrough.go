@@ -42,10 +42,17 @@ import (
 
 // ioModes is how the kernel serves a node's open files.
 type ioModes struct {
-	mu      sync.Mutex
-	cached  int    // open handles whose I/O goes through the daemon
-	direct  int    // open passthrough handles
-	backing uint64 // upper inode of the backing file go-fuse registered; kept after the last close (see above)
+	mu          sync.Mutex
+	cached      int // open handles whose I/O goes through the daemon
+	passthrough int // open passthrough handles
+	// backing is the upper inode of the backing file go-fuse registered.
+	// It is kept after the last passthrough handle closes, because go-fuse
+	// drops its registration only after our Release returns: so the first
+	// passthrough open of another body on this node (after a commit,
+	// discard or restore) always retires the node, and the engine does
+	// that open's work twice (it is idempotent: the copy-up is done, the
+	// truncation repeated).
+	backing uint64
 }
 
 // admit decides whether the kernel may do h's I/O itself and counts the
@@ -57,10 +64,10 @@ func (n *node) admit(h *handle) syscall.Errno {
 	defer m.mu.Unlock()
 	switch {
 	case eligible && m.cached == 0 && (m.backing == 0 || m.backing == ino):
-		m.direct++
+		m.passthrough++
 		m.backing = ino
-		h.direct = true
-	case eligible && m.cached > 0, !eligible && m.direct == 0:
+		h.passthrough = true
+	case eligible && m.cached > 0, !eligible && m.passthrough == 0:
 		m.cached++
 	default:
 		n.sys.retire(n)
@@ -72,8 +79,8 @@ func (n *node) admit(h *handle) syscall.Errno {
 // release uncounts h.
 func (n *node) release(h *handle) {
 	n.io.mu.Lock()
-	if h.direct {
-		n.io.direct--
+	if h.passthrough {
+		n.io.passthrough--
 	} else {
 		n.io.cached--
 	}
@@ -114,7 +121,7 @@ func (sys *FS) generation(ino uint64) uint64 {
 // heldWriter is an open for writing that may become a passthrough handle:
 // its node, or before a create has made the node, its path.
 type heldWriter struct {
-	n    *node // heldMu
+	n    *node // guarded by FS.heldMu
 	path string
 	pid  int
 }
@@ -169,8 +176,9 @@ func (sys *FS) heldWriters() []overlay.HeldWriter {
 	return out
 }
 
-// livePath is n's path, unless n is no longer in the tree (unlinked or
-// retired).
+// livePath is n's path, unless n is no longer in the tree (unlinked). A
+// retired node keeps its place in go-fuse's tree beside its successor, so
+// its path is the name's.
 func (n *node) livePath() (string, bool) {
 	var names []string
 	root := &n.sys.root.Inode
