@@ -537,6 +537,14 @@ func (s *Server) subscribe(ctx context.Context, _ SubscribeParams) (SubscribeRes
 	return SubscribeResult{Subscribed: true}, nil
 }
 
+// Subscribers is the number of clients following events, so a publisher
+// can skip computing events nobody would receive.
+func (s *Server) Subscribers() int {
+	s.subMu.Lock()
+	defer s.subMu.Unlock()
+	return len(s.subs)
+}
+
 func (s *Server) removeSubscriber(sub *subscriber) {
 	s.subMu.Lock()
 	delete(s.subs, sub)
