@@ -83,9 +83,12 @@ type commitRun struct {
 	e       *Engine
 	force   bool
 	res     CommitResult
-	syncDir map[string]bool   // base dirs to fsync at the end
-	linked  map[uint64]string // upper inode -> base path that already holds it (hard links)
-	failed  map[string]bool   // paths that did not commit; their descendants wait
+	syncDir map[string]bool // base dirs to fsync at the end
+	// syncOnce: the prepared files are made durable together, by one
+	// syncfs before their renames, instead of one fsync each.
+	syncOnce bool
+	linked   map[uint64]string // upper inode -> base path that already holds it (hard links)
+	failed   map[string]bool   // paths that did not commit; their descendants wait
 
 	movedAway map[string]bool         // workspace paths a directory rename of this commit emptied
 	pending   []preparedFile          // files written under temporary names
@@ -176,6 +179,7 @@ func (e *Engine) commitLocked(sel []string, force bool) CommitResult {
 	for _, p := range dirs {
 		r.do(p, r.applyDir)
 	}
+	r.syncOnce = len(files) >= syncOnceFiles
 	for _, p := range files {
 		r.do(p, r.applyFile)
 	}
@@ -597,7 +601,7 @@ func (r *commitRun) applyFile(p string, m *meta) error {
 				return unix.Linkat(fdir, fname, dirfd, tmp, 0)
 			})
 		}
-		if err := e.writeBaseEntry(p, m, ust, dirfd, tmp); err != nil {
+		if err := e.writeBaseEntry(p, m, ust, dirfd, tmp, !r.syncOnce); err != nil {
 			unix.Unlinkat(dirfd, tmp, 0)
 			return err
 		}
@@ -626,6 +630,15 @@ type preparedFile struct{ path, tmp string }
 // holds part of the commit short. A file whose rename fails moves from
 // committed to failed.
 func (r *commitRun) finishFiles() {
+	if r.syncOnce && len(r.pending) > 0 {
+		if err := r.e.syncBase(); err != nil {
+			for _, pf := range r.pending {
+				r.unprepare(pf, fmt.Errorf("make the commit durable: %w", err))
+			}
+			r.pending = nil
+			return
+		}
+	}
 	for _, pf := range r.pending {
 		err := r.e.base.withParent(pf.path, func(dirfd int, name string) error {
 			return unix.Renameat(dirfd, pf.tmp, dirfd, name)
@@ -649,9 +662,28 @@ func (r *commitRun) unprepare(pf preparedFile, err error) {
 	r.res.Failed = append(r.res.Failed, Failure{Path: pf.path, Reason: err.Error()})
 }
 
+// syncOnceFiles is the number of files from which a commit makes them
+// durable with one syncfs of the workspace's file system rather than one
+// fsync per file: 1,000 small files took 1.05 s with an fsync each. Below
+// it, fsyncs are cheaper than flushing whatever else the file system has
+// dirty.
+const syncOnceFiles = 32
+
+// syncBase flushes the workspace's file system (syncfs): every file
+// written to it so far is durable when it returns.
+func (e *Engine) syncBase() error {
+	fd, err := e.base.openDirRead("")
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Syncfs(fd)
+}
+
 // writeBaseEntry creates the staged entry p under a temporary name in the
-// workspace directory dirfd, durable, with the staged owner, mode and times.
-func (e *Engine) writeBaseEntry(p string, m *meta, ust *syscall.Stat_t, dirfd int, tmp string) error {
+// workspace directory dirfd, with the staged owner, mode and times, and
+// durable unless the caller syncs it later (sync false).
+func (e *Engine) writeBaseEntry(p string, m *meta, ust *syscall.Stat_t, dirfd int, tmp string, sync bool) error {
 	switch m.Kind {
 	case KindSymlink:
 		target, err := e.readUpperSymlink(p)
@@ -693,6 +725,9 @@ func (e *Engine) writeBaseEntry(p string, m *meta, ust *syscall.Stat_t, dirfd in
 	ts := []unix.Timespec{unix.Timespec(ust.Atim), unix.Timespec(ust.Mtim)}
 	if err := unix.UtimesNanoAt(unix.AT_FDCWD, fdPath(dst), ts, 0); err != nil {
 		return err
+	}
+	if !sync {
+		return nil
 	}
 	return unix.Fsync(dst)
 }
