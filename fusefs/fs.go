@@ -332,6 +332,16 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 // newHandle admits an open file f of n (see passthrough.go), or closes it.
 func (n *node) newHandle(p string, f *overlay.File, hold *heldWriter, c overlay.Caller) (fs.FileHandle, uint32, syscall.Errno) {
 	h := &handle{sys: n.sys, n: n, f: f, path: p}
+	// A read-only handle needs no FLUSH at close(2): Flush does nothing
+	// here (locks are the kernel's) and the file has no writes of its own
+	// to push, so skipping it saves a round trip per close. A writable
+	// one keeps it: before sending it the kernel writes back the pages
+	// dirtied through shared mmaps, so they are in the pending body when
+	// close returns.
+	var openFlags uint32
+	if !f.Writable {
+		openFlags = fuse.FOPEN_NOFLUSH
+	}
 	if errno := n.admit(h); errno != 0 {
 		n.sys.unhold(hold)
 		n.sys.eng.Release(p, f, c)
@@ -339,10 +349,10 @@ func (n *node) newHandle(p string, f *overlay.File, hold *heldWriter, c overlay.
 	}
 	if h.passthrough {
 		h.hold = hold
-		return &passthroughHandle{h}, 0, 0
+		return &passthroughHandle{h}, openFlags, 0
 	}
 	n.sys.unhold(hold)
-	return h, 0, 0
+	return h, openFlags, 0
 }
 
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
@@ -361,11 +371,11 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	n.sys.created(hold, child.Operations().(*node))
 	// go-fuse keeps a created child as a node of its own (it never merges
 	// it with a known node of the same inode), so admit starts afresh.
-	h, _, errno := child.Operations().(*node).newHandle(p, f, hold, c)
+	h, flags, errno := child.Operations().(*node).newHandle(p, f, hold, c)
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
-	return child, h, 0, 0
+	return child, h, flags, 0
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
