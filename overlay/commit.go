@@ -838,8 +838,10 @@ func (e *Engine) Discard(paths []string, c Caller) []string {
 			movedBack[m.Redirect] = m.Ino
 		}
 	}
+	var revived []string // workspace files shown again
 	for _, p := range sel {
-		if e.index[p] == nil {
+		m := e.index[p]
+		if m == nil {
 			done = append(done, p) // went with a discarded directory
 			continue
 		}
@@ -847,10 +849,14 @@ func (e *Engine) Discard(paths []string, c Caller) []string {
 			e.logf("discard %s: %v", p, err)
 			continue
 		}
+		if m.Kind == KindWhiteout && m.Base.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+			revived = append(revived, p)
+		}
 		e.dropEntry(p)
 		e.pruneContainers(p)
 		done = append(done, p)
 	}
+	renumbered := e.renumberCopies(revived)
 	for src, ino := range movedBack {
 		m := e.index[src]
 		if m == nil || m.Kind != KindDir || !m.Opaque || m.Deleted || !e.isBaseOf(m.Base, ino) {
@@ -866,6 +872,9 @@ func (e *Engine) Discard(paths []string, c Caller) []string {
 		done = append(done, src)
 	}
 	e.mu.Unlock()
+	if len(renumbered) > 0 && e.opts.OnRenumbered != nil {
+		e.opts.OnRenumbered(renumbered)
+	}
 	sort.Strings(done)
 	if len(done) > 0 {
 		b, _ := json.Marshal(done)
@@ -873,6 +882,39 @@ func (e *Engine) Discard(paths []string, c Caller) []string {
 		e.changed()
 	}
 	return done
+}
+
+// renumberCopies gives a new inode number to every pending file that shows
+// the number of a workspace file a discard has just shown again. A file
+// copied up keeps its workspace inode number, also when it is renamed; so
+// discarding only the deletion a rename left at its source (mv a b;
+// discard a) would show a and b, two different files, under one number,
+// and the kernel would serve one's cached size and pages for the other.
+// The revived workspace file keeps its number; the pending copy takes a
+// new one. It returns the renumbered paths.
+func (e *Engine) renumberCopies(revived []string) []string {
+	var out []string
+	for _, p := range revived {
+		st, err := e.base.lstat(p)
+		if err != nil || st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+			continue
+		}
+		ino := e.baseIno(st)
+		for q, m := range e.index {
+			if q == p || m.Ino != ino || m.Kind == KindDir || m.Kind == KindWhiteout || m.Deleted {
+				continue
+			}
+			nm := *m
+			nm.Ino = e.newUpperIno()
+			if err := e.writeMeta(q, &nm); err != nil {
+				e.logf("discard %s: give %s a new inode number: %v", p, q, err)
+				continue
+			}
+			*m = nm
+			out = append(out, q)
+		}
+	}
+	return out
 }
 
 // Recover finishes a commit that a crash interrupted: it reads the journal

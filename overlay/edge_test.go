@@ -365,3 +365,30 @@ func TestEditThenRenameDirThenRestart(t *testing.T) {
 	h.commitAll()
 	require.Equal(t, "f2", h.baseRead("b/f"))
 }
+
+// mv a b; discard a: the workspace's a shows again, and b, its copy with
+// other content, must not show a's inode number (the kernel would serve
+// one's cached size and pages for the other), now or after a restart.
+func TestDiscardRenameSourceRenumbersCopy(t *testing.T) {
+	h := newHarness(t)
+	h.baseFile("a", "base")
+	h.overwrite("a", "staged longer content")
+	h.rename("a", "b")
+	done := h.e.Discard([]string{"a"}, caller)
+	require.Equal(t, []string{"a"}, done)
+	inoOf := func(p string) uint64 {
+		st, err := h.e.Stat(p)
+		require.NoError(t, err)
+		return st.Ino
+	}
+	require.Equal(t, "base", h.read("a"))
+	require.Equal(t, "staged longer content", h.read("b"))
+	require.NotEqual(t, inoOf("a"), inoOf("b"), "a and b show one inode number")
+	b := inoOf("b")
+	h.restart()
+	require.Equal(t, b, inoOf("b"), "b's new number is kept across a restart")
+	require.NotEqual(t, inoOf("a"), inoOf("b"))
+	h.commitAll()
+	require.Equal(t, "staged longer content", h.baseRead("b"))
+	require.Equal(t, "base", h.baseRead("a"))
+}

@@ -73,6 +73,10 @@ type Options struct {
 	// OnCaptureFailed is told about each pre-image that could not be
 	// stored; it must not block.
 	OnCaptureFailed func(scope, path string, err error)
+	// OnRenumbered is told about pending paths whose inode number changed
+	// (see Discard), so the kernel forgets what it cached under the old
+	// one. It is called without engine locks.
+	OnRenumbered func(paths []string)
 	// Hidden are workspace-relative paths that the merged view never shows
 	// and that cannot be created through it (a state dir inside the
 	// workspace).

@@ -83,6 +83,11 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		CaptureFailure:  cfg.captureFailure,
 		JournalSync:     cfg.journalSync,
 		OnCaptureFailed: b.captureFailed,
+		OnRenumbered: func(paths []string) {
+			if b.fs != nil {
+				b.fs.Invalidate(paths)
+			}
+		},
 	})
 	if err != nil {
 		return err
