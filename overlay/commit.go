@@ -51,6 +51,7 @@ func (c *conflictError) Error() string {
 // fsynced, and renamed into place; directories are fsynced once at the end.
 // A commit interrupted by a crash is finished by Recover.
 func (e *Engine) Commit(paths []string, force bool, c Caller) CommitResult {
+	e.awaitReleases()
 	// The lock is held from the selection to the end, the intent record's
 	// fdatasync included: a change made in between would apply to a
 	// selection that no longer describes the pending set.
@@ -660,6 +661,27 @@ func (r *commitRun) unprepare(pf preparedFile, err error) {
 	}
 	r.failed[pf.path] = true
 	r.res.Failed = append(r.res.Failed, Failure{Path: pf.path, Reason: err.Error()})
+}
+
+// releaseGrace is how long a commit waits for files still open for
+// writing to be released. The kernel sends the release of a closed file
+// after close(2) has returned, so a host that commits as soon as its tool
+// exits would otherwise find files busy that nobody has open any more.
+const releaseGrace = 200 * time.Millisecond
+
+// awaitReleases waits, up to releaseGrace, until no staged file is open
+// for writing. Files held open longer are reported busy by the commit.
+func (e *Engine) awaitReleases() {
+	deadline := time.Now().Add(releaseGrace)
+	for {
+		e.mu.RLock()
+		open := len(e.writers)
+		e.mu.RUnlock()
+		if open == 0 || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 // syncOnceFiles is the number of files from which a commit makes them
