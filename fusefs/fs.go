@@ -318,7 +318,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	p := n.path()
 	c := n.sys.caller(ctx)
 	var hold *heldWriter
-	if n.sys.passthrough.Load() && flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0 {
+	if n.sys.passthrough.Load() && overlay.WantsWrite(int(flags)) {
 		hold = n.sys.hold(n, "", c.Pid)
 	}
 	f, err := n.sys.eng.Open(p, int(flags), c)

@@ -178,7 +178,8 @@ func (sys *FS) heldWriters() []overlay.HeldWriter {
 
 // livePath is n's path, unless n is no longer in the tree (unlinked). A
 // retired node keeps its place in go-fuse's tree beside its successor, so
-// its path is the name's.
+// its path is the name's. Inode.Path would make up (and log) a placeholder
+// path for an unlinked node instead of saying so.
 func (n *node) livePath() (string, bool) {
 	var names []string
 	root := &n.sys.root.Inode

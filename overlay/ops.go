@@ -30,7 +30,9 @@ func (e *Engine) trackWriter(f *File) {
 
 const writeFlags = unix.O_WRONLY | unix.O_RDWR | unix.O_TRUNC
 
-func wantsWrite(flags int) bool { return flags&writeFlags != 0 }
+// WantsWrite reports whether open flags write to the file (and so stage
+// it).
+func WantsWrite(flags int) bool { return flags&writeFlags != 0 }
 
 // openFlags are the flags the daemon passes on for an open by a client: the
 // creation flags were handled already, and the daemon never blocks on a FIFO
@@ -42,7 +44,7 @@ func openFlags(flags int) int {
 // Open opens p. Opening for writing (or with O_TRUNC) copies the file up
 // first, so the write lands in the pending set.
 func (e *Engine) Open(p string, flags int, c Caller) (*File, error) {
-	write := wantsWrite(flags)
+	write := WantsWrite(flags)
 	if !write {
 		e.mu.RLock()
 		l, err := e.locate(p)
@@ -395,7 +397,7 @@ func (e *Engine) createLocked(p string, flags int, mode uint32, c Caller) (*File
 		}
 		chownFd(fd, c)
 		st, err := e.fstatShown(fd, nil)
-		return &File{Fd: fd, Writable: wantsWrite(flags)}, st, true, err
+		return &File{Fd: fd, Writable: WantsWrite(flags)}, st, true, err
 	}
 	l, m, err := e.prepareNew(p, KindFile, c)
 	if err == syscall.EEXIST {
