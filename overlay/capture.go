@@ -284,13 +284,14 @@ func (e *Engine) OpenSnapshot(scope, turn string, pid int, paths []string) (snap
 		e.captureHeld(info)
 		return info, nil
 	}
-	e.mu.RLock()
-	for _, p := range paths {
-		if err = e.captureTree(scope, p); err != nil {
-			break
+	err = e.rlocked(func() error {
+		for _, p := range paths {
+			if err := e.captureTree(scope, p); err != nil {
+				return err
+			}
 		}
-	}
-	e.mu.RUnlock()
+		return nil
+	})
 	closed, cerr := e.CloseSnapshot(scope)
 	if err != nil {
 		return closed, err
@@ -358,14 +359,15 @@ func (e *Engine) postFile(scope string) string {
 
 func (e *Engine) savePost(scope string, paths []string) {
 	post := map[string]*snapshot.Entry{}
-	e.mu.RLock()
-	for _, p := range uniqStrings(paths) {
-		if st, err := e.viewState(p); err == nil {
-			st.Time, st.Xattrs = 0, nil
-			post[p] = st
+	e.rlocked(func() error {
+		for _, p := range uniqStrings(paths) {
+			if st, err := e.viewState(p); err == nil {
+				st.Time, st.Xattrs = 0, nil
+				post[p] = st
+			}
 		}
-	}
-	e.mu.RUnlock()
+		return nil
+	})
 	b, _ := json.Marshal(post)
 	dir := filepath.Dir(e.postFile(scope))
 	tmp := e.postFile(scope) + ".tmp"
@@ -447,18 +449,19 @@ func (e *Engine) RestoreTool(scope string, keepLater bool) (RestoreResult, error
 		}
 	}
 	later := map[string]bool{}
-	e.mu.RLock()
-	for p, after := range post {
-		cur, err := e.viewState(p)
-		if err != nil || sameState(cur, after) {
-			continue
+	e.rlocked(func() error {
+		for p, after := range post {
+			cur, err := e.viewState(p)
+			if err != nil || sameState(cur, after) {
+				continue
+			}
+			if ent, ok := pre[p]; ok && sameState(cur, &ent) {
+				continue // restored already
+			}
+			later[p] = true
 		}
-		if ent, ok := pre[p]; ok && sameState(cur, &ent) {
-			continue // restored already
-		}
-		later[p] = true
-	}
-	e.mu.RUnlock()
+		return nil
+	})
 	var kept, overwritten []string
 	for p := range later {
 		if keepLater {

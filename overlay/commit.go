@@ -55,25 +55,31 @@ func (e *Engine) Commit(paths []string, force bool, c Caller) CommitResult {
 	// The lock is held from the selection to the end, the intent record's
 	// fdatasync included: a change made in between would apply to a
 	// selection that no longer describes the pending set.
-	e.mu.Lock()
-	sel := e.selectLocked(paths, true, commitAncestor)
-	if len(sel) == 0 {
-		e.mu.Unlock()
-		return CommitResult{}
-	}
-	intent, _ := json.Marshal(sel)
-	if err := e.record(Record{Op: "commit_begin", Pid: c.Pid, Detail: string(intent)}); err != nil {
-		e.mu.Unlock()
+	var sel []string
+	var res CommitResult
+	err := e.locked(func() error {
+		sel = e.selectLocked(paths, true, commitAncestor)
+		if len(sel) == 0 {
+			return nil
+		}
+		intent, _ := json.Marshal(sel)
+		if err := e.record(Record{Op: "commit_begin", Pid: c.Pid, Detail: string(intent)}); err != nil {
+			return err
+		}
+		res = e.commitLocked(sel, force)
+		return nil
+	})
+	if err != nil {
 		// Without a durable intent a crash in the middle could not be
-		// finished at the next start: commit nothing.
-		res := CommitResult{}
+		// finished at the next start: nothing was committed.
 		for _, p := range sel {
 			res.Failed = append(res.Failed, Failure{Path: p, Reason: err.Error()})
 		}
 		return res
 	}
-	res := e.commitLocked(sel, force)
-	e.mu.Unlock()
+	if len(sel) == 0 {
+		return CommitResult{}
+	}
 	sum, _ := json.Marshal(map[string]int{"committed": len(res.Committed), "conflicts": len(res.Conflicts), "failed": len(res.Failed)})
 	e.note(Record{Op: "commit_end", Pid: c.Pid, Detail: string(sum)})
 	e.changed()
@@ -845,11 +851,29 @@ func (e *Engine) dropCommitted(p string) {
 // Discard drops the pending changes at or below paths (all when empty) and
 // returns the paths whose view changed.
 func (e *Engine) Discard(paths []string, c Caller) []string {
-	e.mu.Lock()
+	var done, renumbered []string
+	e.locked(func() error {
+		done, renumbered = e.discardLocked(paths)
+		return nil
+	})
+	if len(renumbered) > 0 && e.opts.OnRenumbered != nil {
+		e.opts.OnRenumbered(renumbered)
+	}
+	sort.Strings(done)
+	if len(done) > 0 {
+		b, _ := json.Marshal(done)
+		e.note(Record{Op: "discard", Pid: c.Pid, Detail: string(b)})
+		e.changed()
+	}
+	return done
+}
+
+// discardLocked drops the selected pending changes and returns the paths
+// whose view changed and the files that got a new inode number.
+func (e *Engine) discardLocked(paths []string) (done, renumbered []string) {
 	sel := e.selectLocked(paths, true, discardAncestor)
 	// Deepest first, so a directory goes after its contents.
 	sort.SliceStable(sel, func(i, j int) bool { return depth(sel[i]) > depth(sel[j]) })
-	var done []string
 	// A discarded directory rename gives its directory back to the
 	// source. When a new directory was made at the source meanwhile
 	// (mv a b; mkdir a), the two merge, as they will in the workspace:
@@ -878,7 +902,7 @@ func (e *Engine) Discard(paths []string, c Caller) []string {
 		e.pruneContainers(p)
 		done = append(done, p)
 	}
-	renumbered := e.renumberCopies(revived)
+	renumbered = e.renumberCopies(revived)
 	for src, ino := range movedBack {
 		m := e.index[src]
 		if m == nil || m.Kind != KindDir || !m.Opaque || m.Deleted || !e.isBaseOf(m.Base, ino) {
@@ -893,17 +917,7 @@ func (e *Engine) Discard(paths []string, c Caller) []string {
 		*m = nm
 		done = append(done, src)
 	}
-	e.mu.Unlock()
-	if len(renumbered) > 0 && e.opts.OnRenumbered != nil {
-		e.opts.OnRenumbered(renumbered)
-	}
-	sort.Strings(done)
-	if len(done) > 0 {
-		b, _ := json.Marshal(done)
-		e.note(Record{Op: "discard", Pid: c.Pid, Detail: string(b)})
-		e.changed()
-	}
-	return done
+	return done, renumbered
 }
 
 // renumberCopies gives a new inode number to every pending file that shows

@@ -88,6 +88,11 @@ func (e *Engine) finishUpper(fd int, st *syscall.Stat_t, m *meta) error {
 // copied: it is about to be emptied anyway. c is recorded as the process
 // behind the change, for status.
 func (e *Engine) copyUp(p string, l loc, noData bool, c Caller) (*meta, error) {
+	if p == "" {
+		// The root is the workspace's own directory: it has no pending
+		// entry to copy up to (see rootSetattrLocked).
+		return nil, syscall.EPERM
+	}
 	if l.m != nil {
 		if l.deleted() {
 			return nil, syscall.ENOENT

@@ -392,3 +392,39 @@ func TestDiscardRenameSourceRenumbersCopy(t *testing.T) {
 	require.Equal(t, "staged longer content", h.baseRead("b"))
 	require.Equal(t, "base", h.baseRead("a"))
 }
+
+// The root is the workspace's own directory: in staged mode it has no
+// pending entry, so an attribute change of it must neither stage nor touch
+// the workspace, and must not fail tools that set the times of the
+// directory they extract into (tar xf of an archive holding "./").
+func TestRootSetattrInStagedMode(t *testing.T) {
+	h := newHarness(t)
+	require.NoError(t, os.Chmod(h.ws, 0o755))
+	before, err := os.Stat(h.ws)
+	require.NoError(t, err)
+
+	mtime := unix.Timespec{Sec: 1_000_000_000}
+	st, err := h.e.Setattr("", -1, overlay.SetAttr{Mtime: &mtime}, caller)
+	require.NoError(t, err, "new times of the root")
+	require.Equal(t, uint32(syscall.S_IFDIR|0o755), st.Mode)
+
+	_, err = h.e.Setattr("", -1, overlay.SetAttr{Mode: u32(0o755), Uid: u32(uint32(os.Getuid())), Gid: u32(uint32(os.Getgid()))}, caller)
+	require.NoError(t, err, "a mode and owner change that changes nothing")
+
+	_, err = h.e.Setattr("", -1, overlay.SetAttr{Mode: u32(0o700)}, caller)
+	require.ErrorIs(t, err, syscall.EPERM)
+	size := uint64(0)
+	_, err = h.e.Setattr("", -1, overlay.SetAttr{Size: &size}, caller)
+	require.ErrorIs(t, err, syscall.EISDIR)
+	require.ErrorIs(t, h.e.Setxattr("", "user.test", []byte("v"), 0, caller), syscall.EPERM)
+
+	after, err := os.Stat(h.ws)
+	require.NoError(t, err)
+	require.Equal(t, before.Mode(), after.Mode())
+	require.Equal(t, before.ModTime(), after.ModTime())
+	require.Empty(t, h.pending())
+
+	// The engine still serves: nothing was left locked.
+	h.create("f", "x")
+	require.Equal(t, []string{"created f"}, h.pending())
+}

@@ -270,16 +270,20 @@ func (e *Engine) Mode() Mode {
 // while changes are pending is refused: they would be hidden by writes that
 // go around them.
 func (e *Engine) SetMode(m Mode) (Mode, error) {
-	e.mu.Lock()
-	prev := e.mode
-	if m == Immediate && prev != Immediate {
-		if n := e.pendingCountLocked(); n > 0 {
-			e.mu.Unlock()
-			return prev, &StateError{fmt.Sprintf("%d pending change(s): commit or discard them before switching to immediate mode", n)}
+	var prev Mode
+	err := e.locked(func() error {
+		prev = e.mode
+		if m == Immediate && prev != Immediate {
+			if n := e.pendingCountLocked(); n > 0 {
+				return &StateError{fmt.Sprintf("%d pending change(s): commit or discard them before switching to immediate mode", n)}
+			}
 		}
+		e.mode = m
+		return nil
+	})
+	if err != nil {
+		return prev, err
 	}
-	e.mode = m
-	e.mu.Unlock()
 	e.note(Record{Op: "set_mode", Detail: string(prev) + " -> " + string(m)})
 	return prev, nil
 }
@@ -601,6 +605,30 @@ func (e *Engine) locate(p string) (loc, error) {
 	}
 	l.basePath = basePath
 	return l, nil
+}
+
+// locked runs fn holding the engine's lock. The unlock is deferred for a
+// reason: go-fuse answers a request whose handler panics with EIO and goes
+// on serving, and a lock left held by the panicking request would hang
+// every request after it; with the defer a bug costs one failed call.
+func (e *Engine) locked(fn func() error) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return fn()
+}
+
+// rlocked is locked with the lock shared.
+func (e *Engine) rlocked(fn func() error) error {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return fn()
+}
+
+// underLock is locked for a call that returns a value too.
+func underLock[T any](e *Engine, fn func() (T, error)) (T, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return fn()
 }
 
 // isHidden reports whether p is, or is below, a hidden path.

@@ -46,18 +46,21 @@ func openFlags(flags int) int {
 func (e *Engine) Open(p string, flags int, c Caller) (*File, error) {
 	write := WantsWrite(flags)
 	if !write {
-		e.mu.RLock()
-		l, err := e.locate(p)
-		if err == nil && l.deleted() {
-			err = syscall.ENOENT
-		}
-		if err == nil && l.m != nil && l.m.Kind == KindSymlink {
-			// The upper file holds the link's target: never open it as
-			// the file (a base symlink fails the same way, O_NOFOLLOW).
-			err = syscall.ELOOP
-		}
 		var f *File
-		if err == nil {
+		err := e.rlocked(func() error {
+			l, err := e.locate(p)
+			if err != nil {
+				return err
+			}
+			if l.deleted() {
+				return syscall.ENOENT
+			}
+			if l.m != nil && l.m.Kind == KindSymlink {
+				// The upper file holds the link's target: never open
+				// it as the file (a base symlink fails the same way,
+				// O_NOFOLLOW).
+				return syscall.ELOOP
+			}
 			f = &File{Gen: e.copyGen.Load()}
 			if l.m != nil {
 				f.Upper = true
@@ -67,18 +70,22 @@ func (e *Engine) Open(p string, flags int, c Caller) (*File, error) {
 			} else {
 				err = syscall.ENOENT
 			}
-		}
-		e.mu.RUnlock()
+			return err
+		})
 		return f, err
 	}
-	e.mu.Lock()
-	m := e.index[p]
-	// Only the first write-open of a path changes the pending set's
-	// structure (the copy-up); its record must be durable before the open
-	// returns. Later ones are journaled lazily, like the data they write.
-	restaged := e.mode == Immediate || (m != nil && m.Kind != KindWhiteout && !m.Deleted)
-	f, err := e.openWriteLocked(p, flags, c)
-	e.mu.Unlock()
+	var f *File
+	var restaged bool
+	err := e.locked(func() (err error) {
+		m := e.index[p]
+		// Only the first write-open of a path changes the pending set's
+		// structure (the copy-up); its record must be durable before
+		// the open returns. Later ones are journaled lazily, like the
+		// data they write.
+		restaged = e.mode == Immediate || (m != nil && m.Kind != KindWhiteout && !m.Deleted)
+		f, err = e.openWriteLocked(p, flags, c)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -366,9 +373,13 @@ func chownFd(fd int, c Caller) {
 
 // Create creates and opens the regular file p (open with O_CREAT).
 func (e *Engine) Create(p string, flags int, mode uint32, c Caller) (*File, *syscall.Stat_t, error) {
-	e.mu.Lock()
-	f, st, created, err := e.createLocked(p, flags, mode, c)
-	e.mu.Unlock()
+	var f *File
+	var st *syscall.Stat_t
+	var created bool
+	err := e.locked(func() (err error) {
+		f, st, created, err = e.createLocked(p, flags, mode, c)
+		return err
+	})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -451,9 +462,7 @@ func (e *Engine) fstatShown(fd int, m *meta) (*syscall.Stat_t, error) {
 
 // Mkdir creates the directory p.
 func (e *Engine) Mkdir(p string, mode uint32, c Caller) (*syscall.Stat_t, error) {
-	e.mu.Lock()
-	st, err := e.mkdirLocked(p, mode, c)
-	e.mu.Unlock()
+	st, err := underLock(e, func() (*syscall.Stat_t, error) { return e.mkdirLocked(p, mode, c) })
 	if err == nil {
 		err = e.recordOp(c, "mkdir", p, "", 0)
 	}
@@ -514,9 +523,7 @@ func (e *Engine) mkdirLocked(p string, mode uint32, c Caller) (*syscall.Stat_t, 
 
 // Symlink creates the symlink p pointing to target.
 func (e *Engine) Symlink(target, p string, c Caller) (*syscall.Stat_t, error) {
-	e.mu.Lock()
-	st, err := e.symlinkLocked(target, p, c)
-	e.mu.Unlock()
+	st, err := underLock(e, func() (*syscall.Stat_t, error) { return e.symlinkLocked(target, p, c) })
 	if err == nil {
 		err = e.recordStaging(Record{Op: "symlink", Path: p, Pid: c.Pid, Detail: target})
 		e.changed()
@@ -558,9 +565,7 @@ func (e *Engine) symlinkLocked(target, p string, c Caller) (*syscall.Stat_t, err
 
 // Mknod creates a FIFO, socket or device node (regular files go to Create).
 func (e *Engine) Mknod(p string, mode uint32, rdev uint64, c Caller) (*syscall.Stat_t, error) {
-	e.mu.Lock()
-	st, err := e.mknodLocked(p, mode, rdev, c)
-	e.mu.Unlock()
+	st, err := underLock(e, func() (*syscall.Stat_t, error) { return e.mknodLocked(p, mode, rdev, c) })
 	if err == nil {
 		err = e.recordOp(c, "mknod", p, "", 0)
 	}
@@ -603,9 +608,7 @@ func (e *Engine) mknodLocked(p string, mode uint32, rdev uint64, c Caller) (*sys
 
 // Link makes newp another name of the file oldp.
 func (e *Engine) Link(oldp, newp string, c Caller) (*syscall.Stat_t, error) {
-	e.mu.Lock()
-	st, err := e.linkLocked(oldp, newp, c)
-	e.mu.Unlock()
+	st, err := underLock(e, func() (*syscall.Stat_t, error) { return e.linkLocked(oldp, newp, c) })
 	if err == nil {
 		err = e.recordOp(c, "link", oldp, newp, 0)
 	}
@@ -854,9 +857,7 @@ func (e *Engine) whiteoutAt(p string, b Baseline, c Caller) error {
 
 // Unlink removes the non-directory p.
 func (e *Engine) Unlink(p string, c Caller) error {
-	e.mu.Lock()
-	err := e.unlinkLocked(p, c)
-	e.mu.Unlock()
+	err := e.locked(func() error { return e.unlinkLocked(p, c) })
 	if err == nil {
 		err = e.recordOp(c, "unlink", p, "", 0)
 	}
@@ -928,9 +929,7 @@ func (e *Engine) pruneContainers(p string) {
 
 // Rmdir removes the empty directory p.
 func (e *Engine) Rmdir(p string, c Caller) error {
-	e.mu.Lock()
-	err := e.rmdirLocked(p, c)
-	e.mu.Unlock()
+	err := e.locked(func() error { return e.rmdirLocked(p, c) })
 	if err == nil {
 		err = e.recordOp(c, "rmdir", p, "", 0)
 	}
@@ -996,9 +995,7 @@ func (e *Engine) rmdirLocked(p string, c Caller) error {
 // Rename moves oldp to newp (flags: RENAME_NOREPLACE; RENAME_EXCHANGE is
 // not supported and fails with EINVAL).
 func (e *Engine) Rename(oldp, newp string, flags uint32, c Caller) error {
-	e.mu.Lock()
-	err := e.renameLocked(oldp, newp, flags, c)
-	e.mu.Unlock()
+	err := e.locked(func() error { return e.renameLocked(oldp, newp, flags, c) })
 	if err == nil {
 		err = e.recordOp(c, "rename", oldp, newp, 0)
 	}
@@ -1189,10 +1186,13 @@ type SetAttr struct {
 // Setattr changes p's attributes. fd, when >= 0, is a file the caller has
 // open for writing on p (used for truncation so it works on unlinked files).
 func (e *Engine) Setattr(p string, fd int, a SetAttr, c Caller) (*syscall.Stat_t, error) {
-	e.mu.Lock()
-	st, err := e.setattrLocked(p, fd, a, c)
-	e.mu.Unlock()
-	if err == nil {
+	staged := true
+	st, err := underLock(e, func() (*syscall.Stat_t, error) {
+		// In staged mode the root has nothing to stage (rootSetattrLocked).
+		staged = p != "" || e.mode == Immediate
+		return e.setattrLocked(p, fd, a, c)
+	})
+	if err == nil && staged {
 		op := "setattr"
 		var size int64
 		if a.Size != nil {
@@ -1235,6 +1235,9 @@ func (e *Engine) setattrLocked(p string, fd int, a SetAttr, c Caller) (*syscall.
 			default:
 				return nil, syscall.EINVAL
 			}
+		}
+		if p == "" {
+			return e.rootSetattrLocked(a)
 		}
 		if m, err = e.copyUp(p, l, a.Size != nil && *a.Size == 0, c); err != nil {
 			return nil, err
@@ -1314,6 +1317,26 @@ func (e *Engine) setattrLocked(p string, fd int, a SetAttr, c Caller) (*syscall.
 	} else {
 		st.Ino = e.baseIno(st)
 	}
+	return st, nil
+}
+
+// rootSetattrLocked answers an attribute change of the mount's root in
+// staged mode. The root is the workspace's own directory, which has no
+// pending entry to hold a change, so a change of mode or owner is refused
+// (EPERM) unless it changes nothing, and new times are accepted without
+// being kept: tar, cp -a and rsync set the times of the directory they
+// extract into, and failing that call would fail the whole copy.
+func (e *Engine) rootSetattrLocked(a SetAttr) (*syscall.Stat_t, error) {
+	st, err := e.base.lstat("")
+	if err != nil {
+		return nil, err
+	}
+	if (a.Mode != nil && *a.Mode&0o7777 != st.Mode&0o7777) ||
+		(a.Uid != nil && *a.Uid != st.Uid) || (a.Gid != nil && *a.Gid != st.Gid) {
+		e.logf("staged mode: refused an owner or mode change of the mount's root (the workspace's own directory is changed only in immediate mode)")
+		return nil, syscall.EPERM
+	}
+	st.Ino = e.baseIno(st)
 	return st, nil
 }
 
@@ -1412,8 +1435,7 @@ func (e *Engine) changeXattr(p, attr string, c Caller, op string, fn func(layer,
 	if strings.HasPrefix(attr, xattrPrefix) {
 		return syscall.EPERM
 	}
-	e.mu.Lock()
-	err := func() error {
+	err := e.locked(func() error {
 		if err := e.capture(c, p); err != nil {
 			return err
 		}
@@ -1443,8 +1465,7 @@ func (e *Engine) changeXattr(p, attr string, c Caller, op string, fn func(layer,
 			*m = nm
 		}
 		return fn(e.upper, p)
-	}()
-	e.mu.Unlock()
+	})
 	if err == nil {
 		err = e.recordStaging(Record{Op: op, Path: p, Pid: c.Pid, Detail: attr})
 		e.changed()

@@ -110,20 +110,22 @@ func (e *Engine) changed() {
 // SyncPath makes p's entry (the pending one, or the workspace's when p is
 // not staged) and the journal durable: fsync of a directory in the mount.
 func (e *Engine) SyncPath(p string) error {
-	e.mu.RLock()
-	l, err := e.locate(p)
-	if err == nil {
+	err := e.rlocked(func() error {
+		l, err := e.locate(p)
+		if err != nil {
+			return err
+		}
 		lyr, rel := e.base, l.basePath
 		if l.m != nil {
 			lyr, rel = e.upper, p
 		}
-		var fd int
-		if fd, err = lyr.open(rel, syscall.O_RDONLY|syscall.O_NONBLOCK, 0); err == nil {
-			err = syscall.Fsync(fd)
-			syscall.Close(fd)
+		fd, err := lyr.open(rel, syscall.O_RDONLY|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			return err
 		}
-	}
-	e.mu.RUnlock()
+		defer syscall.Close(fd)
+		return syscall.Fsync(fd)
+	})
 	if err != nil {
 		return err
 	}

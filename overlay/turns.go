@@ -219,18 +219,18 @@ func (e *Engine) capturePost(id string, paths []string) error {
 		return err
 	}
 	e.openSnaps.Add(1)
-	var err error
-	e.mu.RLock()
-	for _, p := range uniqStrings(paths) {
-		var pre *snapshot.Entry
-		if pre, err = e.preImage(p); err != nil {
-			break
+	err := e.rlocked(func() error {
+		for _, p := range uniqStrings(paths) {
+			pre, err := e.preImage(p)
+			if err != nil {
+				return err
+			}
+			if err := e.snaps.Add(scope, *pre); err != nil {
+				return err
+			}
 		}
-		if err = e.snaps.Add(scope, *pre); err != nil {
-			break
-		}
-	}
-	e.mu.RUnlock()
+		return nil
+	})
 	if _, cerr := e.CloseSnapshot(scope); err == nil {
 		err = cerr
 	}

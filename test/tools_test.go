@@ -179,6 +179,61 @@ func TestToolTar(t *testing.T) {
 	}
 }
 
+// An archive made with "tar -cf A ." holds "./": extracting it into the
+// mount's root sets the root's times (and mode and owner, unchanged here).
+// The root is the workspace's own directory, so nothing may reach the
+// workspace, and the call must not fail (it once panicked with the
+// engine's lock held, which hung the mount).
+func TestToolTarIntoRoot(t *testing.T) {
+	parallel(t)
+	requireTool(t, "tar")
+	m := mountStagefs(t, withFiles(map[string]string{"keep.txt": "kept\n"}))
+	if err := os.Chmod(m.ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(t, m.ws)
+	wsInfo, err := os.Stat(m.ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "new.txt"), []byte("new\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Date(2001, 9, 9, 1, 46, 40, 0, time.UTC)
+	if err := os.Chtimes(src, old, old); err != nil {
+		t.Fatal(err)
+	}
+	tarball := filepath.Join(t.TempDir(), "dot.tar")
+	mustRun(t, cmdSpec{dir: src}, "tar", "-cf", tarball, ".")
+	mustRun(t, cmdSpec{dir: m.mnt}, "tar", "-xf", tarball)
+
+	if b, err := os.ReadFile(m.in("new.txt")); err != nil || string(b) != "new\n" {
+		t.Fatalf("new.txt in the mount: %q, %v", b, err)
+	}
+	// The mount still serves after the root's SETATTR.
+	sh(t, m.mnt, "echo more > more.txt && cat keep.txt")
+	assertSameTree(t, "workspace after tar -x into the root", before, snapshot(t, m.ws))
+	after, err := os.Stat(m.ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !after.ModTime().Equal(wsInfo.ModTime()) || after.Mode() != wsInfo.Mode() {
+		t.Errorf("the workspace root changed: %v %v -> %v %v", wsInfo.Mode(), wsInfo.ModTime(), after.Mode(), after.ModTime())
+	}
+	// A real mode change of the root is refused, not staged.
+	if r := runIn(t, cmdSpec{dir: m.mnt}, "chmod", "700", "."); r.code == 0 {
+		t.Errorf("chmod 700 of the mount root succeeded in staged mode")
+	}
+	kinds := statusKinds(m.status())
+	if len(kinds) != 2 || kinds["new.txt"] == "" || kinds["more.txt"] == "" {
+		t.Errorf("pending after tar -x into the root: %v", kinds)
+	}
+}
+
 func TestToolSQLiteWAL(t *testing.T) {
 	parallel(t)
 	requireTool(t, "sqlite3")
