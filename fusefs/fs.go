@@ -34,9 +34,10 @@ type Options struct {
 
 // FS is a mounted overlay.
 type FS struct {
-	eng    *overlay.Engine
-	root   *node
-	server *fuse.Server
+	eng     *overlay.Engine
+	timeout time.Duration // Options.Timeout
+	root    *node
+	server  *fuse.Server
 
 	// passthrough is set once FUSE passthrough is known to work;
 	// passthroughNote says why not.
@@ -56,7 +57,7 @@ func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
 	if opts.Name == "" {
 		opts.Name = "stagefs"
 	}
-	sys := &FS{eng: eng, gens: map[uint64]uint64{}, held: map[*heldWriter]bool{}}
+	sys := &FS{eng: eng, timeout: opts.Timeout, gens: map[uint64]uint64{}, held: map[*heldWriter]bool{}}
 	sys.root = &node{sys: sys}
 	st, err := eng.Stat("")
 	if err != nil {
@@ -311,6 +312,10 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		return toErrno(err)
 	}
 	out.FromStat(st)
+	// go-fuse sets no timeout on SETATTR replies; without one the kernel
+	// asks again (GETATTR) before the next chown or chmod, which tar
+	// sends right after setting the times.
+	out.SetTimeout(n.sys.timeout)
 	return 0
 }
 

@@ -274,7 +274,7 @@ func (r *commitRun) moveAside(src string) error {
 	tmp := joinPath(parentOf(src), ".stagefs-move-"+e.tmpName())
 	err := e.base.withParent(src, func(sdir int, sname string) error {
 		return e.base.withParent(tmp, func(tdir int, tname string) error {
-			return unix.Renameat2(sdir, sname, tdir, tname, unix.RENAME_NOREPLACE)
+			return renameAt(sdir, sname, tdir, tname, unix.RENAME_NOREPLACE)
 		})
 	})
 	if err != nil {
@@ -390,7 +390,7 @@ func (r *commitRun) applyRedirect(p string, m *meta) error {
 	}
 	err := e.base.withParent(src, func(sdir int, sname string) error {
 		return e.base.withParent(p, func(ddir int, dname string) error {
-			return unix.Renameat(sdir, sname, ddir, dname)
+			return renameAt(sdir, sname, ddir, dname, 0)
 		})
 	})
 	if err != nil {
@@ -486,7 +486,7 @@ func (r *commitRun) removeBase(p string, st *syscall.Stat_t) error {
 	r.syncDir[dir] = true
 	return r.e.base.withParent(p, func(dirfd int, name string) error {
 		if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
-			err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
+			err := rmdirAt(dirfd, name)
 			if err == unix.ENOTEMPTY || err == unix.EEXIST {
 				return &conflictError{expected: "an empty directory (its staged deletions applied)", actual: "the workspace directory holds entries that were not staged for deletion"}
 			}
@@ -515,7 +515,7 @@ func (r *commitRun) deletedRedirectBase(p string) string {
 func (r *commitRun) removeReplaced(p string, st *syscall.Stat_t) error {
 	return r.e.base.withParent(p, func(dirfd int, name string) error {
 		if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
-			err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
+			err := rmdirAt(dirfd, name)
 			if err == unix.ENOTEMPTY || err == unix.EEXIST {
 				return &conflictError{expected: "an empty directory", actual: "the workspace directory is not empty"}
 			}
@@ -648,7 +648,7 @@ func (r *commitRun) finishFiles() {
 	}
 	for _, pf := range r.pending {
 		err := r.e.base.withParent(pf.path, func(dirfd int, name string) error {
-			return unix.Renameat(dirfd, pf.tmp, dirfd, name)
+			return renameAt(dirfd, pf.tmp, dirfd, name, 0)
 		})
 		if err != nil {
 			r.unprepare(pf, err)

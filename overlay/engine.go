@@ -160,7 +160,7 @@ func New(opts Options) (*Engine, error) {
 		mode:     opts.Mode,
 		writers:  map[uint64]int{},
 		base:     layer{fd: -1},
-		upper:    layer{fd: -1},
+		upper:    layer{fd: -1, dirs: newDirCache()},
 		workFd:   -1,
 	}
 	if e.logf == nil {
@@ -250,6 +250,7 @@ func (e *Engine) Close() error {
 		e.stopSync = nil
 		e.Sync()
 	}
+	e.upper.dirs.flush()
 	for _, fd := range []*int{&e.base.fd, &e.upper.fd, &e.workFd} {
 		if *fd >= 0 {
 			unix.Close(*fd)

@@ -16,7 +16,8 @@ const beneath = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_N
 // layer is one directory tree (the workspace or the upper tree) reached
 // through a directory fd held open for the engine's life.
 type layer struct {
-	fd int
+	fd   int
+	dirs *dirCache // descriptors of the tree's directories; nil: walk each time
 }
 
 // openDir opens the directory at rel ("" is the root) for *at calls.
@@ -50,16 +51,32 @@ func (l layer) openDirFlags(rel string, flags int) (int, error) {
 	}
 }
 
-// withParent opens rel's parent directory and calls fn with it and rel's last
-// name. rel must not be the root.
-func (l layer) withParent(rel string, fn func(dirfd int, name string) error) error {
-	dir, name := splitPath(rel)
-	fd, err := l.openDir(dir)
+// withDir calls fn with a descriptor (O_PATH) of the directory at rel.
+func (l layer) withDir(rel string, fn func(dirfd int) error) error {
+	if rel == "" {
+		return fn(l.fd)
+	}
+	if l.dirs != nil {
+		d, err := l.dirs.get(l, rel)
+		if err != nil {
+			return err
+		}
+		defer l.dirs.put(d)
+		return fn(d.fd)
+	}
+	fd, err := l.openDir(rel)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
-	return fn(fd, name)
+	return fn(fd)
+}
+
+// withParent calls fn with a descriptor of rel's parent directory and rel's
+// last name. rel must not be the root.
+func (l layer) withParent(rel string, fn func(dirfd int, name string) error) error {
+	dir, name := splitPath(rel)
+	return l.withDir(dir, func(fd int) error { return fn(fd, name) })
 }
 
 // lstat returns rel's attributes without following a final symlink.

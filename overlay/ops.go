@@ -301,13 +301,13 @@ func (e *Engine) placeNew(p string, l loc, m *meta, build func(dirfd int, name s
 			// rename(2) cannot put a directory over the whiteout file:
 			// swap the two (still atomic), then drop the whiteout, now
 			// in work/.
-			if err := unix.Renameat2(e.workFd, tmp, dirfd, name, unix.RENAME_EXCHANGE); err != nil {
+			if err := renameAt(e.workFd, tmp, dirfd, name, unix.RENAME_EXCHANGE); err != nil {
 				return err
 			}
 			unix.Unlinkat(e.workFd, tmp, 0)
 			return nil
 		}
-		return unix.Renameat(e.workFd, tmp, dirfd, name)
+		return renameAt(e.workFd, tmp, dirfd, name, 0)
 	})
 	if err != nil {
 		unix.Close(fd)
@@ -792,7 +792,7 @@ func (e *Engine) isEmptyDir(p string) (bool, error) {
 func removeAt(dirfd int, name string) error {
 	err := unix.Unlinkat(dirfd, name, 0)
 	if err == unix.EISDIR || err == unix.EPERM {
-		err = unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
+		err = rmdirAt(dirfd, name)
 	}
 	return err
 }
@@ -822,7 +822,7 @@ func removeAllAt(dirfd int, name string) error {
 	if err != nil {
 		return err
 	}
-	return unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
+	return rmdirAt(dirfd, name)
 }
 
 // whiteoutAt replaces whatever the upper tree has at p with a whiteout
@@ -843,7 +843,7 @@ func (e *Engine) whiteoutAt(p string, b Baseline, c Caller) error {
 	unix.Close(fd)
 	if err == nil {
 		err = e.upper.withParent(p, func(dirfd int, name string) error {
-			return unix.Renameat(e.workFd, tmp, dirfd, name)
+			return renameAt(e.workFd, tmp, dirfd, name, 0)
 		})
 	}
 	if err != nil {
@@ -919,7 +919,7 @@ func (e *Engine) pruneContainers(p string) {
 			return
 		}
 		if e.upper.withParent(dir, func(dirfd int, name string) error {
-			return unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
+			return rmdirAt(dirfd, name)
 		}) != nil {
 			return
 		}
@@ -947,7 +947,7 @@ func (e *Engine) rmdirLocked(p string, c Caller) error {
 		if err := e.immediateHidden(p, ""); err != nil {
 			return err
 		}
-		return e.base.withParent(p, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR) })
+		return e.base.withParent(p, func(dirfd int, name string) error { return rmdirAt(dirfd, name) })
 	}
 	l, err := e.locate(p)
 	if err != nil {
@@ -1021,7 +1021,7 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 		}
 		return e.base.withParent(oldp, func(odir int, oname string) error {
 			return e.base.withParent(newp, func(ndir int, nname string) error {
-				return unix.Renameat2(odir, oname, ndir, nname, uint(flags))
+				return renameAt(odir, oname, ndir, nname, uint(flags))
 			})
 		})
 	}
@@ -1137,13 +1137,13 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 				// file at newp: swap the two, then drop the whiteout,
 				// now at oldp (whiteoutAt below puts the right one
 				// there when one is needed).
-				if err := unix.Renameat2(odir, oname, ndir, nname, unix.RENAME_EXCHANGE); err != nil {
+				if err := renameAt(odir, oname, ndir, nname, unix.RENAME_EXCHANGE); err != nil {
 					return err
 				}
 				unix.Unlinkat(odir, oname, 0)
 				return nil
 			}
-			return unix.Renameat(odir, oname, ndir, nname)
+			return renameAt(odir, oname, ndir, nname, 0)
 		})
 	})
 	if err != nil {
@@ -1164,7 +1164,7 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 		// A directory moved back with nothing staged inside: nothing of
 		// it needs to stay in the pending set.
 		if e.upper.withParent(newp, func(dirfd int, name string) error {
-			return unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
+			return rmdirAt(dirfd, name)
 		}) == nil {
 			e.dropEntry(newp)
 			e.pruneContainers(newp)
