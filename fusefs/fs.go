@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -30,12 +29,16 @@ type Options struct {
 	// NoPassthrough keeps all file I/O in the daemon even where the
 	// kernel could pass pending bodies through (see passthrough.go).
 	NoPassthrough bool
+	// Logf reports what an operator should know (nil: nothing).
+	Logf func(format string, args ...any)
 }
 
 // FS is a mounted overlay.
 type FS struct {
 	eng     *overlay.Engine
 	timeout time.Duration // Options.Timeout
+	watch   *watcher      // nil when inotify is unavailable
+	logf    func(format string, args ...any)
 	root    *node
 	server  *fuse.Server
 
@@ -57,12 +60,20 @@ func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
 	if opts.Name == "" {
 		opts.Name = "stagefs"
 	}
-	sys := &FS{eng: eng, timeout: opts.Timeout, gens: map[uint64]uint64{}, held: map[*heldWriter]bool{}}
+	sys := &FS{eng: eng, timeout: opts.Timeout, logf: opts.Logf, gens: map[uint64]uint64{}, held: map[*heldWriter]bool{}}
+	if sys.logf == nil {
+		sys.logf = func(string, ...any) {}
+	}
 	sys.root = &node{sys: sys}
 	st, err := eng.Stat("")
 	if err != nil {
 		return nil, err
 	}
+	// Set before the kernel can send a request: the handlers read it.
+	if sys.watch = newWatcher(sys); sys.watch == nil {
+		sys.logf("inotify is unavailable: names and attributes are cached for %v only", opts.Timeout)
+	}
+	sys.watch.add("")
 	timeout := opts.Timeout
 	mo := fuse.MountOptions{
 		AllowOther:    os.Geteuid() == 0,
@@ -84,9 +95,17 @@ func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
 		NullPermissions: true,
 	})
 	if err != nil {
+		if sys.watch != nil {
+			sys.watch.file.Close()
+		}
 		return nil, err
 	}
 	sys.server = server
+	sys.watch.start()
+	go func() {
+		server.Wait()
+		sys.watch.close()
+	}()
 	if sys.passthroughNote = sys.probePassthrough(opts); sys.passthroughNote == "" {
 		eng.SetHeldWriters(sys.heldWriters)
 		sys.passthrough.Store(true)
@@ -141,18 +160,8 @@ func (sys *FS) Server() *fuse.Server { return sys.server }
 func (sys *FS) Invalidate(paths []string) {
 	dirs := map[*fs.Inode]bool{}
 	for _, p := range paths {
-		parent := &sys.root.Inode
-		dir, name := "", p
-		if i := strings.LastIndexByte(p, '/'); i >= 0 {
-			dir, name = p[:i], p[i+1:]
-		}
-		if dir != "" {
-			for _, c := range strings.Split(dir, "/") {
-				if parent = parent.GetChild(c); parent == nil {
-					break
-				}
-			}
-		}
+		dir, name := splitPath(p)
+		parent := lookupPath(&sys.root.Inode, dir)
 		if parent == nil || name == "" {
 			continue
 		}
@@ -242,6 +251,9 @@ func (n *node) child(name string) string {
 // existing one for the same inode number (hard links, copy-up).
 func (n *node) newChild(ctx context.Context, st *syscall.Stat_t, out *fuse.EntryOut) *fs.Inode {
 	out.Attr.FromStat(st)
+	t := n.sys.timeoutIn(n.path())
+	out.SetEntryTimeout(t)
+	out.SetAttrTimeout(t)
 	a := fs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: st.Ino, Gen: n.sys.generation(st.Ino)}
 	return n.NewInode(ctx, &node{sys: n.sys}, a)
 }
@@ -250,9 +262,19 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	if len(name) > 255 {
 		return nil, syscall.ENAMETOOLONG
 	}
-	st, err := n.sys.eng.Stat(n.child(name))
+	p := n.child(name)
+	st, err := n.sys.eng.Stat(p)
+	if err == syscall.ENOENT {
+		// A negative entry, kept as long as a positive one would be.
+		out.SetEntryTimeout(n.sys.timeoutIn(n.path()))
+		return nil, syscall.ENOENT
+	}
 	if err != nil {
 		return nil, toErrno(err)
+	}
+	if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		// Watched before the kernel can cache anything inside it.
+		n.sys.watch.add(p)
 	}
 	return n.newChild(ctx, st, out), 0
 }
@@ -261,7 +283,8 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 	if h, ok := asHandle(f); ok {
 		return h.Getattr(ctx, out)
 	}
-	st, err := n.sys.eng.Stat(n.path())
+	p := n.path()
+	st, err := n.sys.eng.Stat(p)
 	if err != nil {
 		if err == syscall.ENOENT {
 			// The node was removed under an open reference.
@@ -270,6 +293,7 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 		return toErrno(err)
 	}
 	out.FromStat(st)
+	out.SetTimeout(n.sys.attrTimeout(p))
 	return 0
 }
 
@@ -315,7 +339,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 	// go-fuse sets no timeout on SETATTR replies; without one the kernel
 	// asks again (GETATTR) before the next chown or chmod, which tar
 	// sends right after setting the times.
-	out.SetTimeout(n.sys.timeout)
+	out.SetTimeout(n.sys.attrTimeout(n.path()))
 	return 0
 }
 

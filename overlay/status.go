@@ -209,3 +209,24 @@ func (e *Engine) isRenameSourceLocked(base string) bool {
 	}
 	return false
 }
+
+// OpenShownBaseDir opens (O_PATH) the workspace directory at p when the
+// merged view shows it in place at p: no pending rename, deletion or opaque
+// copy between them, and not hidden. A change made in the workspace inside
+// it is then a change of the view inside p (fusefs watches it to keep the
+// kernel's caches right). It fails with ENOENT otherwise.
+func (e *Engine) OpenShownBaseDir(p string) (int, error) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	l, err := e.locate(p)
+	if err != nil {
+		return -1, err
+	}
+	if !l.hasBase || l.basePath != p {
+		return -1, syscall.ENOENT
+	}
+	if m := l.m; m != nil && (m.Kind != KindDir || m.Opaque || m.Deleted || m.Redirect != "") {
+		return -1, syscall.ENOENT
+	}
+	return e.base.openDir(p)
+}

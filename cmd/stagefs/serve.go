@@ -103,6 +103,7 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		Debug:         cfg.debug,
 		NoPassthrough: cfg.noPassthrough,
 		Name:          stagefsSourcePrefix + cfg.state,
+		Logf:          logger.Printf,
 	})
 	if err != nil {
 		// go-fuse ends some messages with a newline; the hint goes on the same line.

@@ -1,0 +1,309 @@
+package fusefs
+
+import (
+	"os"
+	"strings"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"golang.org/x/sys/unix"
+)
+
+// WatchedTimeout is how long the kernel may cache names and attributes in a
+// directory whose workspace counterpart is watched. Every change made
+// there outside the mount is reported by inotify and dropped from the
+// kernel's caches at once, so the timeout only bounds what a lost event
+// could cost.
+const WatchedTimeout = time.Minute
+
+// watchMask is what a watched directory reports: entries made, removed or
+// moved, attribute changes (chmod, touch) and files closed after writing.
+// Each write(2) (IN_MODIFY) is not reported: a file's new content is seen
+// when its writer closes it, or after WatchedTimeout if it never does.
+const watchMask = unix.IN_CREATE | unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_MOVED_TO |
+	unix.IN_ATTRIB | unix.IN_CLOSE_WRITE | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF |
+	unix.IN_ONLYDIR | unix.IN_EXCL_UNLINK
+
+// watcher keeps the kernel's caches right when the workspace is changed
+// outside the mount (an editor, git, the user's shell). Without it the
+// kernel may cache a name or attribute only for the short Options.Timeout
+// and must ask again after it: a warm `git status` or `find` is then a
+// round trip per file. Each directory the kernel looks up is watched with
+// inotify (a watch per directory seen, none for the rest of the
+// workspace); its entries get WatchedTimeout, and each event drops what
+// it changed. Directories whose view is not the workspace's in place (a
+// pending rename, an opaque copy) and any that cannot be watched keep the
+// short timeout.
+type watcher struct {
+	sys  *FS
+	file *os.File // the inotify instance; closing it ends run
+	fd   int
+	done chan struct{}
+
+	mu     sync.Mutex
+	byWd   map[int32]string // watch -> merged directory path
+	byPath map[string]int32
+	full   bool // the watch limit was hit (logged once)
+}
+
+// newWatcher makes a watcher, or returns nil when inotify is unavailable.
+// Its events are read once start is called (the mount serves).
+func newWatcher(sys *FS) *watcher {
+	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		return nil
+	}
+	w := &watcher{
+		sys: sys, fd: fd, done: make(chan struct{}),
+		file:   os.NewFile(uintptr(fd), "inotify"),
+		byWd:   map[int32]string{},
+		byPath: map[string]int32{},
+	}
+	return w
+}
+
+// start reads and applies events until close.
+func (w *watcher) start() {
+	if w != nil {
+		go w.run()
+	}
+}
+
+// close stops the watcher and waits for it.
+func (w *watcher) close() {
+	if w == nil {
+		return
+	}
+	w.file.Close()
+	<-w.done
+}
+
+// add watches the workspace directory the merged directory p shows, if
+// the view there is the workspace's in place.
+func (w *watcher) add(p string) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	_, ok := w.byPath[p]
+	w.mu.Unlock()
+	if ok {
+		return
+	}
+	dirfd, err := w.sys.eng.OpenShownBaseDir(p)
+	if err != nil {
+		return
+	}
+	// Through the descriptor, so the watch is on the directory the engine
+	// resolved (beneath the workspace, no symlinks), not on a path
+	// resolved again.
+	wd, err := unix.InotifyAddWatch(w.fd, fdPath(dirfd), watchMask)
+	unix.Close(dirfd)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err != nil {
+		if err == unix.ENOSPC && !w.full {
+			w.full = true
+			w.sys.logf("inotify watch limit reached (fs.inotify.max_user_watches): directories seen from now on are cached for %v only", w.sys.timeout)
+		}
+		return
+	}
+	// The same directory reached under a new path (renamed in the
+	// workspace) keeps its watch, which now reports for the new path.
+	if old, ok := w.byWd[int32(wd)]; ok {
+		delete(w.byPath, old)
+	}
+	w.byWd[int32(wd)] = p
+	w.byPath[p] = int32(wd)
+}
+
+// covers reports whether changes in the workspace directory behind the
+// merged directory p are reported.
+func (w *watcher) covers(p string) bool {
+	if w == nil {
+		return false
+	}
+	w.mu.Lock()
+	_, ok := w.byPath[p]
+	w.mu.Unlock()
+	return ok
+}
+
+// timeoutIn is how long the kernel may cache names in the directory dir and
+// the attributes of its entries.
+func (sys *FS) timeoutIn(dir string) time.Duration {
+	if sys.watch.covers(dir) {
+		return WatchedTimeout
+	}
+	return sys.timeout
+}
+
+// invalidation is what one batch of events asks the kernel to drop.
+type invalidation struct {
+	entries map[string]bool // dir/name: the name and its directory's listing
+	nodes   map[string]bool // path: attributes and cached pages of the node
+	all     bool            // the queue overflowed: everything
+}
+
+func (w *watcher) run() {
+	defer close(w.done)
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := w.file.Read(buf)
+		if err != nil {
+			return
+		}
+		inv := invalidation{entries: map[string]bool{}, nodes: map[string]bool{}}
+		w.parse(buf[:n], &inv)
+		w.apply(&inv)
+	}
+}
+
+// parse turns a read's events into what to drop. The watch maps are read
+// and updated here, under mu; the kernel is told afterwards, without it
+// (a lookup waiting for mu while the kernel waits for that lookup would
+// deadlock).
+func (w *watcher) parse(b []byte, inv *invalidation) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for len(b) >= unix.SizeofInotifyEvent {
+		ev := (*unix.InotifyEvent)(unsafe.Pointer(&b[0]))
+		end := unix.SizeofInotifyEvent + int(ev.Len)
+		if end > len(b) {
+			return
+		}
+		name := strings.TrimRight(string(b[unix.SizeofInotifyEvent:end]), "\x00")
+		b = b[end:]
+		if ev.Mask&unix.IN_Q_OVERFLOW != 0 {
+			inv.all = true
+			continue
+		}
+		dir, ok := w.byWd[ev.Wd]
+		if !ok {
+			continue
+		}
+		if ev.Mask&unix.IN_IGNORED != 0 {
+			delete(w.byWd, ev.Wd)
+			if w.byPath[dir] == ev.Wd {
+				delete(w.byPath, dir)
+			}
+			continue
+		}
+		if ev.Mask&(unix.IN_MOVE_SELF|unix.IN_DELETE_SELF) != 0 {
+			// The path no longer names this directory: stop
+			// trusting it (its parent's watch reports the entry).
+			if w.byPath[dir] == ev.Wd {
+				delete(w.byPath, dir)
+			}
+			delete(w.byWd, ev.Wd)
+			unix.InotifyRmWatch(w.fd, uint32(ev.Wd))
+			continue
+		}
+		if name == "" {
+			inv.nodes[dir] = true // the directory's own attributes
+			continue
+		}
+		p := joinPath(dir, name)
+		if ev.Mask&(unix.IN_CREATE|unix.IN_DELETE|unix.IN_MOVED_FROM|unix.IN_MOVED_TO) != 0 {
+			inv.entries[p] = true
+			// A subdirectory made, replaced, moved or gone: a watch
+			// for p would now speak for another directory. The next
+			// lookup of p watches whatever is there.
+			if wd, ok := w.byPath[p]; ok {
+				delete(w.byPath, p)
+				delete(w.byWd, wd)
+				unix.InotifyRmWatch(w.fd, uint32(wd))
+			}
+		}
+		inv.nodes[p] = true
+	}
+}
+
+// apply tells the kernel to drop what a batch of events changed.
+func (w *watcher) apply(inv *invalidation) {
+	root := &w.sys.root.Inode
+	if inv.all {
+		dropAll(root)
+		return
+	}
+	listings := map[*fs.Inode]bool{}
+	for p := range inv.nodes {
+		if n := lookupPath(root, p); n != nil {
+			n.NotifyContent(0, 0)
+		}
+	}
+	for p := range inv.entries {
+		dir, name := splitPath(p)
+		if parent := lookupPath(root, dir); parent != nil {
+			parent.NotifyEntry(name)
+			listings[parent] = true
+		}
+	}
+	for d := range listings {
+		d.NotifyContent(0, 0)
+	}
+}
+
+// dropAll drops every cached name and attribute below n.
+func dropAll(n *fs.Inode) {
+	n.NotifyContent(0, 0)
+	for name, c := range n.Children() {
+		dropAll(c)
+		n.NotifyEntry(name)
+	}
+}
+
+// lookupPath finds the node of the merged path p, nil when the kernel has
+// none.
+func lookupPath(root *fs.Inode, p string) *fs.Inode {
+	n := root
+	if p == "" {
+		return n
+	}
+	for _, c := range strings.Split(p, "/") {
+		if n = n.GetChild(c); n == nil {
+			return nil
+		}
+	}
+	return n
+}
+
+func joinPath(dir, name string) string {
+	if dir == "" {
+		return name
+	}
+	return dir + "/" + name
+}
+
+func splitPath(p string) (dir, name string) {
+	i := strings.LastIndexByte(p, '/')
+	if i < 0 {
+		return "", p
+	}
+	return p[:i], p[i+1:]
+}
+
+func fdPath(fd int) string { return "/proc/self/fd/" + itoaInt(fd) }
+
+func itoaInt(n int) string {
+	var b [20]byte
+	i := len(b)
+	for {
+		i--
+		b[i] = byte('0' + n%10)
+		n /= 10
+		if n == 0 {
+			return string(b[i:])
+		}
+	}
+}
+
+// attrTimeout is how long the kernel may cache the attributes of p: a
+// change of them in the workspace is reported by the watch on p's parent
+// (the root's by its own).
+func (sys *FS) attrTimeout(p string) time.Duration {
+	dir, _ := splitPath(p)
+	return sys.timeoutIn(dir)
+}

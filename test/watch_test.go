@@ -1,0 +1,107 @@
+package test
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// With a long --cache-timeout the kernel would serve what it cached for
+// 30 s; edits made directly in the workspace must still show at once,
+// because the daemon watches the directories the kernel has looked up and
+// drops what each edit changed. Without the watcher this test waits in
+// vain.
+func TestWorkspaceEditsInvalidateLongCaches(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{
+		"same.txt":       "aaaa\n",
+		"mode.txt":       "m\n",
+		"gone.txt":       "g\n",
+		"d/in.txt":       "in\n",
+		"d/deep/x.txt":   "x\n",
+		"old/keep.txt":   "k\n",
+		"staged.txt":     "s0\n",
+		"plain/file.txt": "p\n",
+	}), withMountFlags("--cache-timeout", "30s"))
+	sh(t, m.mnt, "echo s1 > staged.txt")
+	// Let the kernel cache names, attributes, listings and pages, and a
+	// name that does not exist yet.
+	for _, p := range []string{"same.txt", "mode.txt", "gone.txt", "d/in.txt", "d/deep/x.txt", "old/keep.txt", "plain/file.txt"} {
+		readFile(t, m.in(p))
+	}
+	for _, d := range []string{".", "d", "d/deep", "old", "plain"} {
+		if _, err := os.ReadDir(m.in(d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Lstat(m.in("d/deep/added.txt")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("added.txt before it is made: %v", err)
+	}
+
+	start := time.Now()
+	writeTree(t, m.ws, map[string]string{"same.txt": "bbbb\n", "d/deep/added.txt": "added\n", "staged.txt": "workspace\n"})
+	must(t, os.Chmod(m.inWS("mode.txt"), 0o600))
+	must(t, os.Remove(m.inWS("gone.txt")))
+	must(t, os.Rename(m.inWS("old"), m.inWS("new")))
+	must(t, os.Rename(m.inWS("plain/file.txt"), m.inWS("plain/moved.txt")))
+
+	check := func() string {
+		var bad []string
+		for p, want := range map[string]string{"same.txt": "bbbb\n", "d/deep/added.txt": "added\n", "new/keep.txt": "k\n", "plain/moved.txt": "p\n", "staged.txt": "s1\n"} {
+			if b, err := os.ReadFile(m.in(p)); err != nil || string(b) != want {
+				bad = append(bad, fmt.Sprintf("%s=%q (%v)", p, b, err))
+			}
+		}
+		for _, p := range []string{"gone.txt", "old", "plain/file.txt"} {
+			if _, err := os.Lstat(m.in(p)); !errors.Is(err, fs.ErrNotExist) {
+				bad = append(bad, fmt.Sprintf("%s still there (%v)", p, err))
+			}
+		}
+		if st, err := os.Stat(m.in("mode.txt")); err != nil || st.Mode().Perm() != 0o600 {
+			bad = append(bad, fmt.Sprintf("mode.txt mode %v (%v)", st.Mode(), err))
+		}
+		names := func(d string) string {
+			ents, _ := os.ReadDir(m.in(d))
+			var s []string
+			for _, e := range ents {
+				s = append(s, e.Name())
+			}
+			return strings.Join(s, " ")
+		}
+		if got := names("d/deep"); got != "added.txt x.txt" {
+			bad = append(bad, "listing of d/deep: "+got)
+		}
+		if got := names("plain"); got != "moved.txt" {
+			bad = append(bad, "listing of plain: "+got)
+		}
+		return strings.Join(bad, "; ")
+	}
+	var last string
+	if !waitFor(3*time.Second, func() bool { last = check(); return last == "" }) {
+		t.Fatalf("workspace edits not visible in the mount 3s after, with --cache-timeout 30s: %s", last)
+	}
+	t.Logf("workspace edits visible after %v", time.Since(start).Round(time.Millisecond))
+	if log := m.daemonLog(); strings.Contains(log, "inotify") {
+		t.Errorf("the daemon could not watch the workspace:\n%s", log)
+	}
+	// The pending file is still the pending one; the workspace's edit of
+	// it is a conflict for commit to find, not a change of the view.
+	if kinds := statusKinds(m.status()); len(kinds) != 1 || kinds["staged.txt"] == "" {
+		t.Errorf("pending after the workspace edits: %v", kinds)
+	}
+	if b, err := os.ReadFile(filepath.Join(m.ws, "staged.txt")); err != nil || string(b) != "workspace\n" {
+		t.Errorf("workspace staged.txt: %q %v", b, err)
+	}
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
