@@ -408,10 +408,12 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	st, err := n.sys.eng.Mkdir(n.child(name), mode, n.sys.caller(ctx))
+	p := n.child(name)
+	st, err := n.sys.eng.Mkdir(p, mode, n.sys.caller(ctx))
 	if err != nil {
 		return nil, toErrno(err)
 	}
+	n.sys.watch.add(p)
 	return n.newChild(ctx, st, out), 0
 }
 
@@ -448,7 +450,12 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 }
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
-	return toErrno(n.sys.eng.Rmdir(n.child(name), n.sys.caller(ctx)))
+	p := n.child(name)
+	if err := n.sys.eng.Rmdir(p, n.sys.caller(ctx)); err != nil {
+		return toErrno(err)
+	}
+	n.sys.watch.forget(p)
+	return 0
 }
 
 func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
@@ -456,7 +463,16 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	if !ok {
 		return syscall.EXDEV
 	}
-	return toErrno(n.sys.eng.Rename(n.child(name), np.child(newName), flags, n.sys.caller(ctx)))
+	oldp, newp := n.child(name), np.child(newName)
+	if err := n.sys.eng.Rename(oldp, newp, flags, n.sys.caller(ctx)); err != nil {
+		return toErrno(err)
+	}
+	// A renamed directory's entries come from elsewhere now, and what was
+	// at the new name is gone: both are decided afresh at their next
+	// lookup.
+	n.sys.watch.forget(oldp)
+	n.sys.watch.forget(newp)
+	return 0
 }
 
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {

@@ -9,6 +9,8 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"golang.org/x/sys/unix"
+
+	"stagefs/overlay"
 )
 
 // WatchedTimeout is how long the kernel may cache names and attributes in a
@@ -42,10 +44,11 @@ type watcher struct {
 	fd   int
 	done chan struct{}
 
-	mu     sync.Mutex
-	byWd   map[int32]string // watch -> merged directory path
-	byPath map[string]int32
-	full   bool // the watch limit was hit (logged once)
+	mu      sync.Mutex
+	byWd    map[int32]string // watch -> merged directory path
+	byPath  map[string]int32
+	covered map[string]bool // pending-only directories the watches cover
+	full    bool            // the watch limit was hit (logged once)
 }
 
 // newWatcher makes a watcher, or returns nil when inotify is unavailable.
@@ -57,9 +60,10 @@ func newWatcher(sys *FS) *watcher {
 	}
 	w := &watcher{
 		sys: sys, fd: fd, done: make(chan struct{}),
-		file:   os.NewFile(uintptr(fd), "inotify"),
-		byWd:   map[int32]string{},
-		byPath: map[string]int32{},
+		file:    os.NewFile(uintptr(fd), "inotify"),
+		byWd:    map[int32]string{},
+		byPath:  map[string]int32{},
+		covered: map[string]bool{},
 	}
 	return w
 }
@@ -80,20 +84,40 @@ func (w *watcher) close() {
 	<-w.done
 }
 
-// add watches the workspace directory the merged directory p shows, if
-// the view there is the workspace's in place.
+// add decides how the merged directory p, which the kernel is about to
+// cache, is kept right: a watch on its workspace directory when the view
+// shows that directory in place; nothing when the view is the pending
+// set's alone and the workspace cannot add to it (opaque), or can only by
+// making a directory at p, which the watch covering p's parent reports. A
+// renamed directory is not covered: its entries keep the short timeout.
 func (w *watcher) add(p string) {
 	if w == nil {
 		return
 	}
 	w.mu.Lock()
-	_, ok := w.byPath[p]
+	_, watched := w.byPath[p]
+	covered := w.covered[p]
 	w.mu.Unlock()
-	if ok {
+	if watched || covered {
 		return
 	}
-	dirfd, err := w.sys.eng.OpenShownBaseDir(p)
-	if err != nil {
+	src, dirfd := w.sys.eng.DirSourceOf(p)
+	switch src {
+	case overlay.FromOpaque:
+		w.mu.Lock()
+		w.covered[p] = true
+		w.mu.Unlock()
+		return
+	case overlay.FromUpperOnly:
+		dir, _ := splitPath(p)
+		w.mu.Lock()
+		if _, ok := w.byPath[dir]; (ok || w.covered[dir]) && p != "" {
+			w.covered[p] = true
+		}
+		w.mu.Unlock()
+		return
+	case overlay.FromBaseInPlace:
+	default:
 		return
 	}
 	// Through the descriptor, so the watch is on the directory the engine
@@ -119,14 +143,42 @@ func (w *watcher) add(p string) {
 	w.byPath[p] = int32(wd)
 }
 
-// covers reports whether changes in the workspace directory behind the
-// merged directory p are reported.
+// forgetLocked stops trusting what is known of p and of the pending-only
+// directories covered below it: an entry at p was made, removed or moved.
+func (w *watcher) forgetLocked(p string) {
+	if wd, ok := w.byPath[p]; ok {
+		delete(w.byPath, p)
+		delete(w.byWd, wd)
+		unix.InotifyRmWatch(w.fd, uint32(wd))
+	}
+	prefix := p + "/"
+	for q := range w.covered {
+		if q == p || strings.HasPrefix(q, prefix) {
+			delete(w.covered, q)
+		}
+	}
+}
+
+// forget is forgetLocked for the mount's own renames and removals of
+// directories.
+func (w *watcher) forget(p string) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	w.forgetLocked(p)
+	w.mu.Unlock()
+}
+
+// covers reports whether every change of the entries of the merged
+// directory p reaches the kernel at once.
 func (w *watcher) covers(p string) bool {
 	if w == nil {
 		return false
 	}
 	w.mu.Lock()
 	_, ok := w.byPath[p]
+	ok = ok || w.covered[p]
 	w.mu.Unlock()
 	return ok
 }
@@ -177,7 +229,13 @@ func (w *watcher) parse(b []byte, inv *invalidation) {
 		name := strings.TrimRight(string(b[unix.SizeofInotifyEvent:end]), "\x00")
 		b = b[end:]
 		if ev.Mask&unix.IN_Q_OVERFLOW != 0 {
+			// Events were lost, so what the maps say may be wrong:
+			// start over, as the kernel will after dropping all.
 			inv.all = true
+			for wd := range w.byWd {
+				unix.InotifyRmWatch(w.fd, uint32(wd))
+			}
+			w.byWd, w.byPath, w.covered = map[int32]string{}, map[string]int32{}, map[string]bool{}
 			continue
 		}
 		dir, ok := w.byWd[ev.Wd]
@@ -208,14 +266,10 @@ func (w *watcher) parse(b []byte, inv *invalidation) {
 		p := joinPath(dir, name)
 		if ev.Mask&(unix.IN_CREATE|unix.IN_DELETE|unix.IN_MOVED_FROM|unix.IN_MOVED_TO) != 0 {
 			inv.entries[p] = true
-			// A subdirectory made, replaced, moved or gone: a watch
-			// for p would now speak for another directory. The next
-			// lookup of p watches whatever is there.
-			if wd, ok := w.byPath[p]; ok {
-				delete(w.byPath, p)
-				delete(w.byWd, wd)
-				unix.InotifyRmWatch(w.fd, uint32(wd))
-			}
+			// A subdirectory made, replaced, moved or gone: what was
+			// known of p speaks for another directory now. The next
+			// lookup of p decides afresh.
+			w.forgetLocked(p)
 		}
 		inv.nodes[p] = true
 	}

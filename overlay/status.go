@@ -210,23 +210,53 @@ func (e *Engine) isRenameSourceLocked(base string) bool {
 	return false
 }
 
-// OpenShownBaseDir opens (O_PATH) the workspace directory at p when the
-// merged view shows it in place at p: no pending rename, deletion or opaque
-// copy between them, and not hidden. A change made in the workspace inside
-// it is then a change of the view inside p (fusefs watches it to keep the
-// kernel's caches right). It fails with ENOENT otherwise.
-func (e *Engine) OpenShownBaseDir(p string) (int, error) {
+// DirSource says where the entries of a merged directory come from.
+type DirSource int
+
+const (
+	// FromElsewhere: a renamed directory (its workspace original is at
+	// another path), or p is not a directory of the view.
+	FromElsewhere DirSource = iota
+	// FromBaseInPlace: the workspace directory at the same path, merged
+	// with pending entries if any.
+	FromBaseInPlace
+	// FromUpperOnly: only the pending set; the workspace has nothing at p.
+	// The view changes without the mount only if the workspace gets a
+	// directory at p.
+	FromUpperOnly
+	// FromOpaque: only the pending set, whatever the workspace has at p.
+	FromOpaque
+)
+
+// DirSourceOf reports where the entries of the merged directory p come
+// from, and for FromBaseInPlace opens (O_PATH) the workspace directory
+// (dirfd; -1 otherwise). fusefs uses it to know which workspace changes
+// can change what the kernel has cached.
+func (e *Engine) DirSourceOf(p string) (src DirSource, dirfd int) {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	l, err := e.locate(p)
 	if err != nil {
-		return -1, err
+		return FromElsewhere, -1
 	}
-	if !l.hasBase || l.basePath != p {
-		return -1, syscall.ENOENT
+	m := l.m
+	if m != nil && (m.Kind != KindDir || m.Deleted) {
+		return FromElsewhere, -1
 	}
-	if m := l.m; m != nil && (m.Kind != KindDir || m.Opaque || m.Deleted || m.Redirect != "") {
-		return -1, syscall.ENOENT
+	switch {
+	case m != nil && m.Redirect != "" && !m.Opaque:
+		return FromElsewhere, -1
+	case m != nil && m.Opaque, !l.hasBase:
+		return FromOpaque, -1
+	case l.basePath != p:
+		return FromElsewhere, -1
 	}
-	return e.base.openDir(p)
+	fd, err := e.base.openDir(p)
+	if err == syscall.ENOENT && m != nil {
+		return FromUpperOnly, -1
+	}
+	if err != nil {
+		return FromElsewhere, -1
+	}
+	return FromBaseInPlace, fd
 }

@@ -105,3 +105,38 @@ func must(t testing.TB, err error) {
 		t.Fatal(err)
 	}
 }
+
+// A directory made through the mount has no workspace directory to watch;
+// its names are cached long too, because the workspace can add to it only
+// by making that directory, which the parent's watch reports.
+func TestWorkspaceEditsReachPendingDirs(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"top.txt": "t\n"}), withMountFlags("--cache-timeout", "30s"))
+	sh(t, m.mnt, "mkdir -p new/sub && echo mine > new/sub/mine.txt")
+	for _, p := range []string{"new/ext.txt", "new/sub/ext.txt"} {
+		if _, err := os.Lstat(m.in(p)); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("%s before it is made: %v", p, err)
+		}
+	}
+	if _, err := os.ReadDir(m.in("new/sub")); err != nil {
+		t.Fatal(err)
+	}
+	writeTree(t, m.ws, map[string]string{"new/ext.txt": "ext\n", "new/sub/ext.txt": "sub ext\n"})
+	check := func() string {
+		var bad []string
+		for p, want := range map[string]string{"new/ext.txt": "ext\n", "new/sub/ext.txt": "sub ext\n", "new/sub/mine.txt": "mine\n"} {
+			if b, err := os.ReadFile(m.in(p)); err != nil || string(b) != want {
+				bad = append(bad, fmt.Sprintf("%s=%q (%v)", p, b, err))
+			}
+		}
+		ents, _ := os.ReadDir(m.in("new/sub"))
+		if len(ents) != 2 {
+			bad = append(bad, fmt.Sprintf("new/sub lists %d entries", len(ents)))
+		}
+		return strings.Join(bad, "; ")
+	}
+	var last string
+	if !waitFor(3*time.Second, func() bool { last = check(); return last == "" }) {
+		t.Fatalf("workspace additions under a pending directory not visible 3s after, with --cache-timeout 30s: %s", last)
+	}
+}
