@@ -75,6 +75,12 @@ func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
 	}
 	sys.watch.add("")
 	timeout := opts.Timeout
+	// go-fuse gives every negative entry this timeout; a lookup that sets
+	// its own gets an uncached ENOENT instead (Lookup).
+	negativeTimeout := timeout
+	if sys.watch != nil {
+		negativeTimeout = WatchedTimeout
+	}
 	mo := fuse.MountOptions{
 		AllowOther:    os.Geteuid() == 0,
 		FsName:        opts.Name,
@@ -89,7 +95,7 @@ func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
 		MountOptions:    mo,
 		EntryTimeout:    &timeout,
 		AttrTimeout:     &timeout,
-		NegativeTimeout: &timeout,
+		NegativeTimeout: &negativeTimeout,
 		RootStableAttr:  &fs.StableAttr{Ino: st.Ino, Mode: syscall.S_IFDIR},
 		// Ownership comes from the engine; nothing is invented.
 		NullPermissions: true,
@@ -265,8 +271,13 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	p := n.child(name)
 	st, err := n.sys.eng.Stat(p)
 	if err == syscall.ENOENT {
-		// A negative entry, kept as long as a positive one would be.
-		out.SetEntryTimeout(n.sys.timeoutIn(n.path()))
+		// go-fuse turns ENOENT into a negative entry cached for
+		// WatchedTimeout when the watcher runs, unless a timeout is set
+		// here, in which case the kernel caches nothing: the right
+		// thing where the workspace is not watched.
+		if n.sys.watch != nil && !n.sys.watch.covers(n.path()) {
+			out.SetEntryTimeout(n.sys.timeout)
+		}
 		return nil, syscall.ENOENT
 	}
 	if err != nil {
@@ -484,19 +495,21 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 }
 
 // OpendirHandle lists the directory once per open. The kernel may keep
-// the listing of a directory the pending set does not touch
-// (FOPEN_CACHE_DIR): it drops it when the directory's mtime changes (an
-// edit in the workspace, seen within the attribute timeout), when a
-// process changes the directory through the mount, and when stagefs
-// itself changes what it shows (Invalidate). A directory with pending
-// entries reports its upper copy's mtime, which edits in the workspace do
-// not move, so it is listed afresh on every open.
+// the listing (FOPEN_CACHE_DIR) of a directory whose changes all reach it:
+// it drops the listing when a process changes the directory through the
+// mount, when stagefs itself changes what it shows (Invalidate), when the
+// watcher reports an edit in the workspace (watch.go), and, for a
+// directory the pending set does not touch, when its mtime moves (seen
+// within the attribute timeout where nothing watches). A directory with
+// pending entries that no watch covers reports its upper copy's mtime,
+// which edits in the workspace do not move, so it is listed afresh on
+// every open.
 //
 // The listing is made at the first READDIR, which the kernel skips when
 // it has the listing cached.
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	var fuseFlags uint32
-	if n.sys.eng.Untouched(n.path()) {
+	if p := n.path(); n.sys.watch.covers(p) || n.sys.eng.Untouched(p) {
 		fuseFlags = fuse.FOPEN_CACHE_DIR
 	}
 	return &dirHandle{n: n}, fuseFlags, 0

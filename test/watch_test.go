@@ -140,3 +140,23 @@ func TestWorkspaceEditsReachPendingDirs(t *testing.T) {
 		t.Fatalf("workspace additions under a pending directory not visible 3s after, with --cache-timeout 30s: %s", last)
 	}
 }
+
+// Under a directory renamed in the pending set the view shows the
+// workspace's original at another path, which nothing watches for that
+// path: names there are cached for --cache-timeout only, and a name looked
+// up and missing is not cached at all.
+func TestWorkspaceEditsUnderRenamedDir(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"a/one.txt": "1\n"}))
+	sh(t, m.mnt, "mv a b")
+	if _, err := os.Lstat(m.in("b/two.txt")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("b/two.txt before it is made: %v", err)
+	}
+	writeTree(t, m.ws, map[string]string{"a/two.txt": "2\n"})
+	if !waitFor(3*time.Second, func() bool {
+		b, err := os.ReadFile(m.in("b/two.txt"))
+		return err == nil && string(b) == "2\n"
+	}) {
+		t.Fatalf("a file made in the workspace under a directory renamed in the mount did not show within 3s")
+	}
+}
