@@ -166,6 +166,9 @@ func (sys *FS) Server() *fuse.Server { return sys.server }
 func (sys *FS) Invalidate(paths []string) {
 	dirs := map[*fs.Inode]bool{}
 	for _, p := range paths {
+		// What a path shows may come from elsewhere now (a directory
+		// committed or discarded): decided afresh at its next lookup.
+		sys.watch.forget(p)
 		dir, name := splitPath(p)
 		parent := lookupPath(&sys.root.Inode, dir)
 		if parent == nil || name == "" {
@@ -257,9 +260,9 @@ func (n *node) child(name string) string {
 // existing one for the same inode number (hard links, copy-up).
 func (n *node) newChild(ctx context.Context, st *syscall.Stat_t, out *fuse.EntryOut) *fs.Inode {
 	out.Attr.FromStat(st)
-	t := n.sys.timeoutIn(n.path())
-	out.SetEntryTimeout(t)
-	out.SetAttrTimeout(t)
+	dir := n.path()
+	out.SetEntryTimeout(n.sys.timeoutIn(dir))
+	out.SetAttrTimeout(n.sys.attrTimeout(joinPath(dir, "x"), st))
 	a := fs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: st.Ino, Gen: n.sys.generation(st.Ino)}
 	return n.NewInode(ctx, &node{sys: n.sys}, a)
 }
@@ -304,7 +307,7 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 		return toErrno(err)
 	}
 	out.FromStat(st)
-	out.SetTimeout(n.sys.attrTimeout(p))
+	out.SetTimeout(n.sys.attrTimeout(p, st))
 	return 0
 }
 
@@ -350,7 +353,7 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 	// go-fuse sets no timeout on SETATTR replies; without one the kernel
 	// asks again (GETATTR) before the next chown or chmod, which tar
 	// sends right after setting the times.
-	out.SetTimeout(n.sys.attrTimeout(n.path()))
+	out.SetTimeout(n.sys.attrTimeout(n.path(), st))
 	return 0
 }
 
@@ -475,14 +478,22 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 		return syscall.EXDEV
 	}
 	oldp, newp := n.child(name), np.child(newName)
+	moved := n.GetChild(name)
 	if err := n.sys.eng.Rename(oldp, newp, flags, n.sys.caller(ctx)); err != nil {
 		return toErrno(err)
 	}
 	// A renamed directory's entries come from elsewhere now, and what was
 	// at the new name is gone: both are decided afresh at their next
-	// lookup.
+	// lookup. What the kernel cached below the moved directory (missing
+	// names too) was covered by watches that no longer report for its new
+	// path: its entry is dropped, which drops everything below, once the
+	// kernel has finished the rename (it holds the directories' locks
+	// until this handler returns).
 	n.sys.watch.forget(oldp)
 	n.sys.watch.forget(newp)
+	if moved != nil && moved.IsDir() && n.sys.watch != nil {
+		go np.NotifyEntry(newName)
+	}
 	return 0
 }
 
@@ -495,21 +506,23 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 }
 
 // OpendirHandle lists the directory once per open. The kernel may keep
-// the listing (FOPEN_CACHE_DIR) of a directory whose changes all reach it:
-// it drops the listing when a process changes the directory through the
-// mount, when stagefs itself changes what it shows (Invalidate), when the
-// watcher reports an edit in the workspace (watch.go), and, for a
-// directory the pending set does not touch, when its mtime moves (seen
-// within the attribute timeout where nothing watches). A directory with
-// pending entries that no watch covers reports its upper copy's mtime,
-// which edits in the workspace do not move, so it is listed afresh on
+// the listing (FOPEN_CACHE_DIR) of a directory the pending set does not
+// touch, and of one made through the mount that the watches cover (its
+// entries change only through the mount, by stagefs, or when the
+// workspace makes a directory at its path). The kernel drops the listing
+// when a process changes the directory through the mount, when stagefs
+// changes what it shows (Invalidate), when a watch reports an edit, and
+// when the directory's mtime moves. A workspace directory with pending
+// entries reports its upper copy's mtime, which edits in the workspace do
+// not move; an edit racing a READDIR could then leave an old listing
+// cached that nothing drops, so such a directory is listed afresh on
 // every open.
 //
 // The listing is made at the first READDIR, which the kernel skips when
 // it has the listing cached.
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	var fuseFlags uint32
-	if p := n.path(); n.sys.watch.covers(p) || n.sys.eng.Untouched(p) {
+	if p := n.path(); n.sys.watch.coversUpperOnly(p) || n.sys.eng.Untouched(p) {
 		fuseFlags = fuse.FOPEN_CACHE_DIR
 	}
 	return &dirHandle{n: n}, fuseFlags, 0

@@ -4,6 +4,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -120,17 +121,28 @@ func (w *watcher) add(p string) {
 	default:
 		return
 	}
+	defer unix.Close(dirfd)
+	// The lock is held from before the watch exists until it is recorded,
+	// so events about p parsed meanwhile wait and then see the record.
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	// Through the descriptor, so the watch is on the directory the engine
 	// resolved (beneath the workspace, no symlinks), not on a path
 	// resolved again.
 	wd, err := unix.InotifyAddWatch(w.fd, fdPath(dirfd), watchMask)
-	unix.Close(dirfd)
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	if err != nil {
 		if err == unix.ENOSPC && !w.full {
 			w.full = true
 			w.sys.logf("inotify watch limit reached (fs.inotify.max_user_watches): directories seen from now on are cached for %v only", w.sys.timeout)
+		}
+		return
+	}
+	// The directory may have been removed or replaced between the open
+	// and the watch, which would then report nothing about p: check that
+	// p still names it now that later changes are reported.
+	if !w.sameDir(p, dirfd) {
+		if _, ok := w.byWd[int32(wd)]; !ok {
+			unix.InotifyRmWatch(w.fd, uint32(wd))
 		}
 		return
 	}
@@ -143,17 +155,34 @@ func (w *watcher) add(p string) {
 	w.byPath[p] = int32(wd)
 }
 
+// sameDir reports whether the workspace directory p shows is the one open
+// as dirfd.
+func (w *watcher) sameDir(p string, dirfd int) bool {
+	src, fd := w.sys.eng.DirSourceOf(p)
+	if src != overlay.FromBaseInPlace {
+		return false
+	}
+	defer unix.Close(fd)
+	var a, b unix.Stat_t
+	if unix.Fstat(dirfd, &a) != nil || unix.Fstat(fd, &b) != nil {
+		return false
+	}
+	return a.Dev == b.Dev && a.Ino == b.Ino && a.Nlink > 0
+}
+
 // forgetLocked stops trusting what is known of p and of the pending-only
 // directories covered below it: an entry at p was made, removed or moved.
 func (w *watcher) forgetLocked(p string) {
-	if wd, ok := w.byPath[p]; ok {
-		delete(w.byPath, p)
-		delete(w.byWd, wd)
-		unix.InotifyRmWatch(w.fd, uint32(wd))
+	under := func(q string) bool { return q == p || p == "" || strings.HasPrefix(q, p+"/") }
+	for q, wd := range w.byPath {
+		if under(q) {
+			delete(w.byPath, q)
+			delete(w.byWd, wd)
+			unix.InotifyRmWatch(w.fd, uint32(wd))
+		}
 	}
-	prefix := p + "/"
 	for q := range w.covered {
-		if q == p || strings.HasPrefix(q, prefix) {
+		if under(q) {
 			delete(w.covered, q)
 		}
 	}
@@ -181,6 +210,17 @@ func (w *watcher) covers(p string) bool {
 	ok = ok || w.covered[p]
 	w.mu.Unlock()
 	return ok
+}
+
+// coversUpperOnly reports whether p is a covered directory made through
+// the mount (or opaque): nothing in the workspace stands behind it.
+func (w *watcher) coversUpperOnly(p string) bool {
+	if w == nil {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.covered[p]
 }
 
 // timeoutIn is how long the kernel may cache names in the directory dir and
@@ -251,12 +291,17 @@ func (w *watcher) parse(b []byte, inv *invalidation) {
 		}
 		if ev.Mask&(unix.IN_MOVE_SELF|unix.IN_DELETE_SELF) != 0 {
 			// The path no longer names this directory: stop
-			// trusting it (its parent's watch reports the entry).
+			// trusting it, and drop what the kernel has below it
+			// (its parent's watch reports the entry too, unless the
+			// path was a pending rename's).
 			if w.byPath[dir] == ev.Wd {
 				delete(w.byPath, dir)
 			}
 			delete(w.byWd, ev.Wd)
 			unix.InotifyRmWatch(w.fd, uint32(ev.Wd))
+			if dir != "" {
+				inv.entries[dir] = true
+			}
 			continue
 		}
 		if name == "" {
@@ -280,6 +325,7 @@ func (w *watcher) apply(inv *invalidation) {
 	root := &w.sys.root.Inode
 	if inv.all {
 		dropAll(root)
+		w.add("") // the maps were emptied: watch the root again
 		return
 	}
 	listings := map[*fs.Inode]bool{}
@@ -354,10 +400,15 @@ func itoaInt(n int) string {
 	}
 }
 
-// attrTimeout is how long the kernel may cache the attributes of p: a
+// attrTimeout is how long the kernel may cache the attributes st of p: a
 // change of them in the workspace is reported by the watch on p's parent
-// (the root's by its own).
-func (sys *FS) attrTimeout(p string) time.Duration {
+// (the root's by its own). A file with more than one name may be changed
+// through a name in a directory nothing watches, which inotify reports
+// only there: it keeps the short timeout.
+func (sys *FS) attrTimeout(p string, st *syscall.Stat_t) time.Duration {
+	if st.Nlink > 1 && st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		return sys.timeout
+	}
 	dir, _ := splitPath(p)
 	return sys.timeoutIn(dir)
 }

@@ -648,7 +648,7 @@ func (r *commitRun) finishFiles() {
 	}
 	for _, pf := range r.pending {
 		err := r.e.base.withParent(pf.path, func(dirfd int, name string) error {
-			return renameAt(dirfd, pf.tmp, dirfd, name, 0)
+			return renameFileAt(dirfd, pf.tmp, dirfd, name, 0)
 		})
 		if err != nil {
 			r.unprepare(pf, err)

@@ -156,7 +156,7 @@ func (e *Engine) copyUp(p string, l loc, noData bool, c Caller) (*meta, error) {
 		return nil, err
 	}
 	if err := e.upper.withParent(p, func(dirfd int, _ string) error {
-		return renameAt(e.workFd, tmp, dirfd, name, unix.RENAME_NOREPLACE)
+		return renameFileAt(e.workFd, tmp, dirfd, name, unix.RENAME_NOREPLACE)
 	}); err != nil {
 		return nil, err
 	}

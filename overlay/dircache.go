@@ -22,6 +22,13 @@ func renameAt(olddir int, oldname string, newdir int, newname string, flags uint
 	return err
 }
 
+// renameFileAt is renameat2(2) for a source known not to be a directory
+// (a copy-up or a commit's temporary file): rename(2) cannot put one over a
+// directory, so no directory moves and the caches stay.
+func renameFileAt(olddir int, oldname string, newdir int, newname string, flags uint) error {
+	return unix.Renameat2(olddir, oldname, newdir, newname, flags)
+}
+
 // rmdirAt removes an empty directory and tells the directory caches.
 func rmdirAt(dirfd int, name string) error {
 	err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)

@@ -160,3 +160,46 @@ func TestWorkspaceEditsUnderRenamedDir(t *testing.T) {
 		t.Fatalf("a file made in the workspace under a directory renamed in the mount did not show within 3s")
 	}
 }
+
+// A directory that hid the workspace's (deleted and made again through the
+// mount) is committed: the view of it is the workspace's again, so the
+// workspace's later edits in it must show at once, as anywhere else.
+func TestWorkspaceEditsAfterCommitOfOpaqueDir(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"build/old.txt": "old\n"}), withMountFlags("--cache-timeout", "30s"))
+	sh(t, m.mnt, "rm -rf build && mkdir build && echo a > build/a.txt && ls build >/dev/null")
+	if _, err := os.Lstat(m.in("build/b.txt")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("build/b.txt before it is made: %v", err)
+	}
+	m.mustCLI("commit")
+	writeTree(t, m.ws, map[string]string{"build/b.txt": "b\n"})
+	if !waitFor(3*time.Second, func() bool {
+		b, err := os.ReadFile(m.in("build/b.txt"))
+		ents, _ := os.ReadDir(m.in("build"))
+		return err == nil && string(b) == "b\n" && len(ents) == 2
+	}) {
+		t.Fatalf("a file made in the workspace in a committed directory did not show within 3s (--cache-timeout 30s)")
+	}
+}
+
+// A directory renamed through the mount takes along what the kernel cached
+// below it, a missing name included; the workspace's original, which the
+// view still shows, is edited afterwards.
+func TestWorkspaceEditsAfterRenameThroughMount(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"lib/a.go": "a\n"}), withMountFlags("--cache-timeout", "30s"))
+	readFile(t, m.in("lib/a.go"))
+	if _, err := os.Lstat(m.in("lib/b.go")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("lib/b.go before it is made: %v", err)
+	}
+	sh(t, m.mnt, "mv lib pkg")
+	writeTree(t, m.ws, map[string]string{"lib/b.go": "b\n", "lib/a.go": "a changed\n"})
+	check := func() bool {
+		b, err1 := os.ReadFile(m.in("pkg/b.go"))
+		a, err2 := os.ReadFile(m.in("pkg/a.go"))
+		return err1 == nil && err2 == nil && string(b) == "b\n" && string(a) == "a changed\n"
+	}
+	if !waitFor(3*time.Second, check) {
+		t.Fatalf("edits in the workspace's original of a directory renamed in the mount did not show within 3s (--cache-timeout 30s)")
+	}
+}

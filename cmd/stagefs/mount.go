@@ -44,7 +44,7 @@ func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
 	fs.StringVar(&cfg.mode, "mode", "staged", "write mode: staged or immediate")
 	fs.BoolVar(&cfg.foreground, "foreground", false, "stay attached; unmount on SIGINT/SIGTERM")
 	fs.BoolVar(&cfg.debug, "debug", false, "log every FUSE request")
-	fs.DurationVar(&cfg.timeout, "cache-timeout", time.Second, "how long the kernel caches names and attributes")
+	fs.DurationVar(&cfg.timeout, "cache-timeout", time.Second, "how long the kernel caches names and attributes where no workspace watch covers them (watched: a minute)")
 	fs.IntVar(&cfg.maxTurns, "max-turns", 50, "turns kept for rollback")
 	fs.DurationVar(&cfg.maxTurnAge, "max-turn-age", 7*24*time.Hour, "turns older than this are pruned")
 	fs.StringArrayVar(&cfg.noCapture, "no-capture", nil, "glob of paths staged without capturing pre-images (repeatable)")
