@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -385,20 +386,7 @@ func splitPath(p string) (dir, name string) {
 	return p[:i], p[i+1:]
 }
 
-func fdPath(fd int) string { return "/proc/self/fd/" + itoaInt(fd) }
-
-func itoaInt(n int) string {
-	var b [20]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + n%10)
-		n /= 10
-		if n == 0 {
-			return string(b[i:])
-		}
-	}
-}
+func fdPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
 
 // attrTimeout is how long the kernel may cache the attributes st of p: a
 // change of them in the workspace is reported by the watch on p's parent
