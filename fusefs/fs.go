@@ -262,7 +262,7 @@ func (n *node) newChild(ctx context.Context, st *syscall.Stat_t, out *fuse.Entry
 	out.Attr.FromStat(st)
 	dir := n.path()
 	out.SetEntryTimeout(n.sys.timeoutIn(dir))
-	out.SetAttrTimeout(n.sys.attrTimeout(joinPath(dir, "x"), st))
+	out.SetAttrTimeout(n.sys.attrTimeoutIn(dir, st))
 	a := fs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: st.Ino, Gen: n.sys.generation(st.Ino)}
 	return n.NewInode(ctx, &node{sys: n.sys}, a)
 }

@@ -394,9 +394,14 @@ func fdPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
 // through a name in a directory nothing watches, which inotify reports
 // only there: it keeps the short timeout.
 func (sys *FS) attrTimeout(p string, st *syscall.Stat_t) time.Duration {
+	dir, _ := splitPath(p)
+	return sys.attrTimeoutIn(dir, st)
+}
+
+// attrTimeoutIn is attrTimeout for an entry of the directory dir.
+func (sys *FS) attrTimeoutIn(dir string, st *syscall.Stat_t) time.Duration {
 	if st.Nlink > 1 && st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
 		return sys.timeout
 	}
-	dir, _ := splitPath(p)
 	return sys.timeoutIn(dir)
 }
