@@ -2,7 +2,10 @@
 // node method is one engine call, one errno translation (toErrno, which
 // unwraps wrapped errors so the kernel never sees ENOSYS for them) and the
 // reply. It owns what only the FUSE side knows: inode objects, kernel cache
-// timeouts and cache invalidation after commit and discard.
+// timeouts and cache invalidation after commit and discard, and, in
+// watch.go, the inotify watches on the workspace that let the kernel cache
+// names, attributes and listings for a minute while edits made outside the
+// mount still show at once.
 //
 // Where the kernel allows it (root, Linux 6.9+), opens of pending bodies
 // are FUSE passthrough: the kernel reads and writes the upper file itself.

@@ -37,9 +37,9 @@ const watchMask = unix.IN_CREATE | unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN
 // round trip per file. Each directory the kernel looks up is watched with
 // inotify (a watch per directory seen, none for the rest of the
 // workspace); its entries get WatchedTimeout, and each event drops what
-// it changed. Directories whose view is not the workspace's in place (a
-// pending rename, an opaque copy) and any that cannot be watched keep the
-// short timeout.
+// it changed. A directory made through the mount, or opaque, is covered by
+// its parent's watch (add). One under a pending rename, and any that
+// cannot be watched, keeps the short timeout.
 type watcher struct {
 	sys  *FS
 	file *os.File // the inotify instance; closing it ends run
