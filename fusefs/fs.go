@@ -164,11 +164,11 @@ func (sys *FS) Server() *fuse.Server { return sys.server }
 // handler and without engine locks (the control socket's goroutines), or
 // the kernel and the daemon could wait on each other.
 func (sys *FS) Invalidate(paths []string) {
+	// What these paths show may come from elsewhere now (a directory
+	// committed or discarded): decided afresh at their next lookup.
+	sys.watch.forget(paths...)
 	dirs := map[*fs.Inode]bool{}
 	for _, p := range paths {
-		// What a path shows may come from elsewhere now (a directory
-		// committed or discarded): decided afresh at its next lookup.
-		sys.watch.forget(p)
 		dir, name := splitPath(p)
 		parent := lookupPath(&sys.root.Inode, dir)
 		if parent == nil || name == "" {
@@ -489,8 +489,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	// path: its entry is dropped, which drops everything below, once the
 	// kernel has finished the rename (it holds the directories' locks
 	// until this handler returns).
-	n.sys.watch.forget(oldp)
-	n.sys.watch.forget(newp)
+	n.sys.watch.forget(oldp, newp)
 	if moved != nil && moved.IsDir() && n.sys.watch != nil {
 		go np.NotifyEntry(newName)
 	}

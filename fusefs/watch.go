@@ -171,10 +171,26 @@ func (w *watcher) sameDir(p string, dirfd int) bool {
 	return a.Dev == b.Dev && a.Ino == b.Ino && a.Nlink > 0
 }
 
-// forgetLocked stops trusting what is known of p and of the pending-only
-// directories covered below it: an entry at p was made, removed or moved.
-func (w *watcher) forgetLocked(p string) {
-	under := func(q string) bool { return q == p || p == "" || strings.HasPrefix(q, p+"/") }
+// forgetLocked stops trusting what is known of each path in gone and of
+// everything below it (watches and covered pending-only directories): an
+// entry there was made, removed, moved, committed or discarded. One pass
+// over the maps serves a whole batch (a commit, a read of events), each
+// key checked against its own ancestors.
+func (w *watcher) forgetLocked(gone map[string]bool) {
+	if len(gone) == 0 {
+		return
+	}
+	under := func(q string) bool {
+		for {
+			if gone[q] {
+				return true
+			}
+			if q == "" {
+				return false
+			}
+			q, _ = splitPath(q)
+		}
+	}
 	for q, wd := range w.byPath {
 		if under(q) {
 			delete(w.byPath, q)
@@ -190,13 +206,17 @@ func (w *watcher) forgetLocked(p string) {
 }
 
 // forget is forgetLocked for the mount's own renames and removals of
-// directories.
-func (w *watcher) forget(p string) {
-	if w == nil {
+// directories and for what commit, discard and restore changed.
+func (w *watcher) forget(paths ...string) {
+	if w == nil || len(paths) == 0 {
 		return
 	}
+	gone := make(map[string]bool, len(paths))
+	for _, p := range paths {
+		gone[p] = true
+	}
 	w.mu.Lock()
-	w.forgetLocked(p)
+	w.forgetLocked(gone)
 	w.mu.Unlock()
 }
 
@@ -261,6 +281,8 @@ func (w *watcher) run() {
 func (w *watcher) parse(b []byte, inv *invalidation) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	gone := map[string]bool{}
+	defer func() { w.forgetLocked(gone) }()
 	for len(b) >= unix.SizeofInotifyEvent {
 		ev := (*unix.InotifyEvent)(unsafe.Pointer(&b[0]))
 		end := unix.SizeofInotifyEvent + int(ev.Len)
@@ -315,7 +337,7 @@ func (w *watcher) parse(b []byte, inv *invalidation) {
 			// A subdirectory made, replaced, moved or gone: what was
 			// known of p speaks for another directory now. The next
 			// lookup of p decides afresh.
-			w.forgetLocked(p)
+			gone[p] = true
 		}
 		inv.nodes[p] = true
 	}
