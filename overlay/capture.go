@@ -279,7 +279,7 @@ func (e *Engine) OpenSnapshot(scope, turn string, pid int, paths []string) (snap
 		return info, err
 	}
 	e.openSnaps.Add(1)
-	e.note(Record{Op: "snapshot_open", Detail: scope, Pid: pid})
+	e.noteSnapshot(scope, Record{Op: "snapshot_open", Detail: scope, Pid: pid})
 	if len(paths) == 0 {
 		e.captureHeld(info)
 		return info, nil
@@ -342,12 +342,24 @@ func (e *Engine) CloseSnapshot(scope string) (snapshot.Info, error) {
 	}
 	if wasOpen && (err == nil || info.Closed) {
 		e.openSnaps.Add(-1)
-		e.note(Record{Op: "snapshot_close", Detail: fmt.Sprintf("%s: %d path(s)", scope, len(info.Paths))})
+		e.noteSnapshot(scope, Record{Op: "snapshot_close", Detail: fmt.Sprintf("%s: %d path(s)", scope, len(info.Paths))})
 		if !internalScope(scope) {
 			e.savePost(scope, info.Paths)
 		}
 	}
 	return info, err
+}
+
+// noteSnapshot journals the opening or closing of a snapshot. For a tool
+// call the record need not wait for the disk: the manifest, not the
+// journal, says what a snapshot holds, and a tool call's snapshot opens and
+// closes without a disk flush (snapshot.Options.Lazy).
+func (e *Engine) noteSnapshot(scope string, r Record) {
+	if ToolCallScope(scope) {
+		e.recordLazy(r)
+		return
+	}
+	e.note(r)
 }
 
 // postFile holds, for a closed tool-call snapshot, what its paths looked

@@ -27,6 +27,10 @@ const (
 	redoPrefix = "redo:"
 )
 
+// ToolCallScope reports whether a snapshot scope id names a tool call,
+// not one of the engine's own snapshots of turns, rollbacks and redos.
+func ToolCallScope(s string) bool { return !internalScope(s) }
+
 // internalScope reports whether a scope belongs to turns rather than to a
 // host's tool call.
 func internalScope(s string) bool {

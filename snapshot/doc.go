@@ -15,6 +15,7 @@
 //	                        their content, fanned out by its first two digits;
 //	                        mode 0600, never modified once written
 //	DIR/snaps/<id>.jsonl    one manifest per snapshot
+//	DIR/boot                the boot id of the machine run that last opened it
 //
 // A manifest is JSON lines, each ending with "\n":
 //
@@ -39,7 +40,17 @@
 // A manifest is created under a temp name with its header and renamed into
 // place, so it never exists without a whole header. After that it is only
 // appended to: Add and CloseSnapshot write one line and fsync the file
-// before they return. A line is thus acknowledged only once it is whole and
+// before they return.
+//
+// Lazy scopes (Options.Lazy: the daemon's tool calls) skip the fsyncs of the
+// header and of the close marker, so that opening and closing a snapshot
+// needs no disk flush. The first Add fsyncs the file and DIR/snaps, which
+// makes the header durable with the entry. A power loss can then leave a
+// manifest without a whole header line (it captured nothing: Open removes
+// it) or without its close marker. DIR/boot records the boot id of the last
+// Open; when it differs, Open closes (durably) every lazy snapshot still
+// open, because its close marker may have been lost and its processes are
+// gone. Where the boot id cannot be read, nothing is lazy. A line is thus acknowledged only once it is whole and
 // on disk, and a crash can leave at most one torn line, at the end. Open
 // ignores such a last line (one without a trailing "\n", or that is not
 // valid JSON) and truncates it away, so the next append does not follow it.

@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -61,6 +63,15 @@ type Info struct {
 type Options struct {
 	ByteCap int64 // total bytes of bodies referenced by snapshots; 0 means 1 GiB; <0 means no cap
 	NoSync  bool  // tests only: skip fsyncs
+	// Lazy reports the scopes whose snapshots wait for the disk only once
+	// they hold something: the header and the close marker are written
+	// without an fsync, and the first entry's fsync makes the header
+	// durable with it. Tool calls use it, so that opening and closing one
+	// costs no disk flush. A power loss can then lose a snapshot that
+	// captured nothing, or a close marker; so Open closes, after a reboot,
+	// every lazy snapshot still open (its processes went with the
+	// machine). Nil: no scope is lazy.
+	Lazy func(scopeID string) bool
 }
 
 // DefaultByteCap is the byte cap used when Options.ByteCap is 0.
@@ -85,6 +96,8 @@ type snap struct {
 	hashes  map[string]int64    // distinct bodies it refers to, with their sizes
 	size    int64               // manifest length on disk: where the next line goes
 	broken  error               // set when an append failed in a way that forbids more
+	lazy    bool                // header and close marker are not fsynced (Options.Lazy)
+	synced  bool                // the manifest's name in DIR/snaps is durable
 }
 
 func newSnap(h header) *snap {
@@ -160,7 +173,9 @@ type Store struct {
 	blobDir string
 	snapDir string
 	noSync  bool
-	byteCap int64 // <0: no cap
+	byteCap int64                     // <0: no cap
+	lazy    func(scopeID string) bool // Options.Lazy; nil when the boot id is unknown
+	flushes atomic.Int64              // fsyncs asked for (also under NoSync), for tests
 
 	mu          sync.Mutex
 	order       []*snap          // by creation, oldest first
@@ -182,6 +197,7 @@ func Open(dir string, opts Options) (*Store, error) {
 		snapDir: filepath.Join(dir, "snaps"),
 		noSync:  opts.NoSync,
 		byteCap: opts.ByteCap,
+		lazy:    opts.Lazy,
 		byScope: map[string]*snap{},
 		blobs:   map[string]int64{},
 		refs:    map[string]*ref{},
@@ -196,6 +212,9 @@ func Open(dir string, opts Options) (*Store, error) {
 		}
 	}
 	if err := s.loadManifests(); err != nil {
+		return nil, err
+	}
+	if err := s.closeAfterReboot(filepath.Join(dir, bootFile)); err != nil {
 		return nil, err
 	}
 	if err := s.scanBlobs(); err != nil {
@@ -233,6 +252,9 @@ func (s *Store) loadManifests() error {
 		if err != nil {
 			return err
 		}
+		if sn == nil {
+			continue // removed: its header never reached the disk
+		}
 		s.order = append(s.order, sn)
 	}
 	sort.Slice(s.order, func(i, j int) bool {
@@ -257,6 +279,15 @@ func (s *Store) loadManifest(p, id string) (*snap, error) {
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
+	if bytes.IndexByte(data, '\n') < 0 {
+		// Not even the header line reached the disk whole: a lazy
+		// snapshot's header is fsynced only with its first entry, so this
+		// one captured nothing before a power loss. Nothing refers to it.
+		if err := os.Remove(p); err != nil {
+			return nil, fmt.Errorf("snapshot: removing manifest %s, whose header was lost: %w", p, err)
+		}
+		return nil, nil
+	}
 	d, err := decodeManifest(data)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: manifest %s: %w", p, err)
@@ -277,6 +308,8 @@ func (s *Store) loadManifest(p, id string) (*snap, error) {
 	}
 	sn.info.Closed = d.closed
 	sn.size = int64(d.keep)
+	sn.lazy = s.lazy != nil && s.lazy(sn.info.ScopeID)
+	sn.synced = true
 	return sn, nil
 }
 
@@ -372,25 +405,30 @@ func (s *Store) Create(scopeID, turn string, pid int) (Info, error) {
 		return Info{}, fmt.Errorf("snapshot: %w", err)
 	}
 	// The header is written whole under a temp name and renamed into place,
-	// so a manifest never exists without a complete header.
-	if err := s.writeAtomic(s.snapDir, s.manifestPath(h.ID), b); err != nil {
+	// so a manifest never exists without a complete header. A lazy one is
+	// not fsynced: the first entry's appendLine makes it durable.
+	lazy := s.lazy != nil && s.lazy(scopeID)
+	if err := s.writeAtomic(s.snapDir, s.manifestPath(h.ID), b, !lazy); err != nil {
 		return Info{}, fmt.Errorf("snapshot: creating manifest: %w", err)
 	}
 	sn := newSnap(h)
 	sn.size = int64(len(b))
+	sn.lazy, sn.synced = lazy, !lazy
 	s.order = append(s.order, sn)
 	s.byScope[scopeID] = sn
 	s.lastCreated = created
 	return sn.copyInfo(), nil
 }
 
-func (s *Store) writeAtomic(dir, final string, data []byte) error {
+// writeAtomic writes data to a temp file in dir and renames it to final;
+// with durable, both the file and the rename are fsynced first.
+func (s *Store) writeAtomic(dir, final string, data []byte, durable bool) error {
 	f, err := os.CreateTemp(dir, tmpPrefix+"*")
 	if err != nil {
 		return err
 	}
 	_, err = f.Write(data)
-	if err == nil {
+	if err == nil && durable {
 		err = s.syncFile(f)
 	}
 	if cerr := f.Close(); err == nil {
@@ -402,6 +440,9 @@ func (s *Store) writeAtomic(dir, final string, data []byte) error {
 	if err != nil {
 		os.Remove(f.Name())
 		return err
+	}
+	if !durable {
+		return nil
 	}
 	return s.syncDir(dir)
 }
@@ -478,7 +519,7 @@ func (s *Store) Add(scopeID string, e Entry) error {
 	if err != nil {
 		return fmt.Errorf("snapshot: %w", err)
 	}
-	if err := s.appendLine(sn, b); err != nil {
+	if err := s.appendLine(sn, b, true); err != nil {
 		return err
 	}
 	if sn.record(e) {
@@ -487,8 +528,10 @@ func (s *Store) Add(scopeID string, e Entry) error {
 	return nil
 }
 
-// appendLine writes b at the end of sn's manifest and fsyncs it.
-func (s *Store) appendLine(sn *snap, b []byte) error {
+// appendLine writes b at the end of sn's manifest. With durable it fsyncs
+// the file, and the first time also DIR/snaps, which makes a lazy header's
+// rename durable.
+func (s *Store) appendLine(sn *snap, b []byte, durable bool) error {
 	p := s.manifestPath(sn.info.ID)
 	f, err := os.OpenFile(p, os.O_WRONLY, 0)
 	if err != nil {
@@ -506,7 +549,13 @@ func (s *Store) appendLine(sn *snap, b []byte) error {
 		f.Close()
 		return fmt.Errorf("snapshot: manifest %s: %w", p, err)
 	}
-	err = s.syncFile(f)
+	if durable {
+		err = s.syncFile(f)
+		if err == nil && !sn.synced {
+			err = s.syncDir(s.snapDir)
+			sn.synced = err == nil
+		}
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -539,7 +588,9 @@ func (s *Store) CloseSnapshot(scopeID string) (Info, error) {
 	if sn.broken != nil {
 		return Info{}, sn.broken
 	}
-	if err := s.appendLine(sn, closeMarker); err != nil {
+	// A lazy snapshot's close marker may be lost to a power loss; Open
+	// closes it again after the reboot.
+	if err := s.appendLine(sn, closeMarker, !sn.lazy); err != nil {
 		return Info{}, err
 	}
 	sn.info.Closed = true
@@ -699,6 +750,7 @@ func (s *Store) TotalBytes() int64 {
 }
 
 func (s *Store) syncFile(f *os.File) error {
+	s.flushes.Add(1)
 	if s.noSync {
 		return nil
 	}
@@ -706,6 +758,7 @@ func (s *Store) syncFile(f *os.File) error {
 }
 
 func (s *Store) syncDir(dir string) error {
+	s.flushes.Add(1)
 	if s.noSync {
 		return nil
 	}
@@ -718,4 +771,43 @@ func (s *Store) syncDir(dir string) error {
 		err = cerr
 	}
 	return err
+}
+
+// bootFile, in the store's directory, holds the boot id of the machine run
+// that last opened the store.
+const bootFile = "boot"
+
+// closeAfterReboot closes, durably, every lazy snapshot left open when the
+// machine has booted since the store was last opened: a power loss may have
+// lost its close marker, and the processes it covered are gone anyway
+// (after a reboot a bound pid may even name another process). Then it
+// records this boot. Where the boot id cannot be read, nothing is lazy.
+func (s *Store) closeAfterReboot(p string) error {
+	if s.lazy == nil {
+		return nil
+	}
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil || len(bytes.TrimSpace(boot)) == 0 {
+		s.lazy = nil
+		return nil
+	}
+	last, err := os.ReadFile(p)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	if bytes.Equal(last, boot) {
+		return nil
+	}
+	for _, sn := range s.order {
+		if sn.lazy && !sn.info.Closed {
+			if err := s.appendLine(sn, closeMarker, true); err != nil {
+				return fmt.Errorf("snapshot: closing %q after a reboot: %w", sn.info.ScopeID, err)
+			}
+			sn.info.Closed = true
+		}
+	}
+	if err := s.writeAtomic(filepath.Dir(p), p, boot, true); err != nil {
+		return fmt.Errorf("snapshot: recording the boot id: %w", err)
+	}
+	return nil
 }

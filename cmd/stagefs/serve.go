@@ -57,7 +57,7 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 	if err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}
-	snaps, err := snapshot.Open(filepath.Join(cfg.state, "snapshots"), snapshot.Options{ByteCap: cfg.snapshotCap})
+	snaps, err := snapshot.Open(filepath.Join(cfg.state, "snapshots"), snapshot.Options{ByteCap: cfg.snapshotCap, Lazy: overlay.ToolCallScope})
 	if err != nil {
 		return fmt.Errorf("snapshots: %w", err)
 	}
