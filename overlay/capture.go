@@ -119,7 +119,9 @@ func (e *Engine) captureMove(c Caller, oldp, newp string) error {
 		}
 		err := e.snaps.Add(s.ScopeID, snapshot.Entry{Path: newp, From: oldp, Kind: snapshot.KindMoved, Pid: c.Pid, Comm: e.procs.comm(c.Pid)})
 		if err != nil && !errors.Is(err, snapshot.ErrClosed) {
-			return fmt.Errorf("capture the move of %s: %w", oldp, err)
+			if err := e.captureFailed(s.ScopeID, oldp, fmt.Errorf("capture the move of %s: %w", oldp, err)); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -139,32 +141,21 @@ func (e *Engine) captureFailed(scope, p string, err error) error {
 	return nil
 }
 
-// markIncomplete names p as a path scope could not capture.
+// markIncomplete names p as a path scope could not capture, in its
+// manifest (the snapshot is incomplete), and tells the host.
 func (e *Engine) markIncomplete(scope, p string, err error) {
-	e.incompleteMu.Lock()
-	defer e.incompleteMu.Unlock()
-	f, ferr := os.OpenFile(e.incompleteFile(scope), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if ferr == nil {
-		fmt.Fprintf(f, "%s\n", strings.ReplaceAll(p, "\n", " "))
-		f.Close()
+	if merr := e.snaps.MarkUncaptured(scope, p); merr != nil {
+		e.logf("mark %s uncaptured in %s: %v", p, scope, merr)
 	}
 	if e.opts.OnCaptureFailed != nil {
 		e.opts.OnCaptureFailed(scope, p, err)
 	}
 }
 
-func (e *Engine) incompleteFile(scope string) string {
-	os.MkdirAll(filepath.Join(e.opts.StateDir, "posts"), 0o700)
-	return filepath.Join(e.opts.StateDir, "posts", scope+".uncaptured")
-}
-
 // Uncaptured lists the paths whose pre-image a snapshot could not store.
 func (e *Engine) Uncaptured(scope string) []string {
-	b, err := os.ReadFile(e.incompleteFile(scope))
-	if err != nil {
-		return nil
-	}
-	return uniqStrings(strings.Fields(string(b)))
+	info, _ := e.snaps.Lookup(scope)
+	return info.Uncaptured
 }
 
 // captureRename captures what a rename changes: a file's pre-image at both
@@ -242,7 +233,9 @@ func (e *Engine) readState(p string, keepBody bool) (*snapshot.Entry, error) {
 		if err != nil {
 			return nil, err
 		}
-		if keepBody {
+		if keepBody && !e.snaps.Fits(st.Size) {
+			err = fmt.Errorf("%w: %s is %d bytes", snapshot.ErrOverCap, p, st.Size)
+		} else if keepBody {
 			ent.Hash, ent.Size, err = e.snaps.PutBody(fdReader(fd))
 		} else {
 			ent.Hash, ent.Size = hashOf(fd), st.Size
@@ -344,7 +337,7 @@ func (e *Engine) CloseSnapshot(scope string) (snapshot.Info, error) {
 		e.openSnaps.Add(-1)
 		e.noteSnapshot(scope, Record{Op: "snapshot_close", Detail: fmt.Sprintf("%s: %d path(s)", scope, len(info.Paths))})
 		if !internalScope(scope) {
-			e.savePost(scope, info.Paths)
+			e.savePost(info)
 		}
 	}
 	return info, err
@@ -363,16 +356,18 @@ func (e *Engine) noteSnapshot(scope string, r Record) {
 }
 
 // postFile holds, for a closed tool-call snapshot, what its paths looked
-// like when it closed (kind and content hash), so a restore can tell the
-// paths changed afterwards by a later tool call or another process.
-func (e *Engine) postFile(scope string) string {
-	return filepath.Join(e.opts.StateDir, "posts", scope+".json")
+// like when it closed (kind, content hash, mode, owner), so a restore can
+// tell the paths changed afterwards by a later tool call or another
+// process. It is named by the snapshot's id, so a scope id used again
+// never finds an old one, and it goes when the store drops the snapshot.
+func (e *Engine) postFile(snapshotID string) string {
+	return filepath.Join(e.opts.StateDir, "posts", snapshotID+".json")
 }
 
-func (e *Engine) savePost(scope string, paths []string) {
+func (e *Engine) savePost(info snapshot.Info) {
 	post := map[string]*snapshot.Entry{}
 	e.rlocked(func() error {
-		for _, p := range uniqStrings(paths) {
+		for _, p := range uniqStrings(info.Paths) {
 			if st, err := e.viewState(p); err == nil {
 				st.Time, st.Xattrs = 0, nil
 				post[p] = st
@@ -381,20 +376,44 @@ func (e *Engine) savePost(scope string, paths []string) {
 		return nil
 	})
 	b, _ := json.Marshal(post)
-	dir := filepath.Dir(e.postFile(scope))
-	tmp := e.postFile(scope) + ".tmp"
-	if err := os.MkdirAll(dir, 0o700); err == nil {
+	final := e.postFile(info.ID)
+	tmp := final + ".tmp"
+	if err := os.MkdirAll(filepath.Dir(final), 0o700); err == nil {
 		if err = os.WriteFile(tmp, b, 0o600); err == nil {
-			err = os.Rename(tmp, e.postFile(scope))
+			err = os.Rename(tmp, final)
 		}
 		if err != nil {
-			e.logf("save the state after %s: %v", scope, err)
+			e.logf("save the state after %s: %v", info.ScopeID, err)
+		}
+	}
+}
+
+// removeStalePosts removes post files of snapshots that are gone (a crash
+// between a drop and the removal).
+func (e *Engine) removeStalePosts() {
+	ents, err := os.ReadDir(filepath.Join(e.opts.StateDir, "posts"))
+	if err != nil {
+		return
+	}
+	live := map[string]bool{}
+	for _, s := range e.snaps.List() {
+		live[s.ID] = true
+	}
+	for _, de := range ents {
+		// Only post files: turns keep other files here.
+		id, ok := strings.CutSuffix(de.Name(), ".json")
+		if ok && snapshot.ValidID(id) == nil && !live[id] {
+			os.Remove(filepath.Join(e.opts.StateDir, "posts", de.Name()))
 		}
 	}
 }
 
 func (e *Engine) loadPost(scope string) map[string]*snapshot.Entry {
-	b, err := os.ReadFile(e.postFile(scope))
+	info, ok := e.snaps.Lookup(scope)
+	if !ok {
+		return nil
+	}
+	b, err := os.ReadFile(e.postFile(info.ID))
 	if err != nil {
 		return nil
 	}
@@ -412,8 +431,6 @@ func (e *Engine) DropSnapshot(scope string) error {
 			return err
 		}
 	}
-	os.Remove(e.postFile(scope))
-	os.Remove(e.incompleteFile(scope))
 	return e.snaps.Drop(scope)
 }
 
@@ -460,18 +477,22 @@ func (e *Engine) RestoreTool(scope string, keepLater bool) (RestoreResult, error
 			}
 		}
 	}
-	later := map[string]bool{}
+	later := map[string]bool{} // changed or made after the tool call
+	holds := map[string]bool{} // pre-images whose restore would remove a later path below
 	e.rlocked(func() error {
 		for p, after := range post {
 			cur, err := e.viewState(p)
-			if err != nil || sameState(cur, after) {
+			if err != nil || sameShown(cur, after) {
 				continue
 			}
-			if ent, ok := pre[p]; ok && sameState(cur, &ent) {
+			if ent, ok := pre[p]; ok && sameShown(cur, &ent) {
 				continue // restored already
 			}
 			later[p] = true
 		}
+		e.findLaterBelow(scope, ents, func(top, p string) {
+			later[p], holds[top] = true, true
+		})
 		return nil
 	})
 	var kept, overwritten []string
@@ -482,12 +503,80 @@ func (e *Engine) RestoreTool(scope string, keepLater bool) (RestoreResult, error
 			overwritten = append(overwritten, p)
 		}
 	}
+	if keepLater {
+		for p := range holds {
+			if !later[p] {
+				kept = append(kept, p)
+			}
+		}
+	}
 	sort.Strings(kept)
 	sort.Strings(overwritten)
-	res, err := e.restoreFiltered(scope, func(p string) bool { return !keepLater || !later[p] })
+	res, err := e.restoreFiltered(scope, func(p string) bool { return !keepLater || !later[p] && !holds[p] })
 	res.Overwritten, res.Kept = overwritten, kept
 	res.Uncaptured = e.Uncaptured(scope)
 	return res, err
+}
+
+// sameShown compares what a restore would change at a path: its kind and
+// content, and its permission bits and owner.
+func sameShown(a, b *snapshot.Entry) bool {
+	if !sameState(a, b) || a.Uid != b.Uid || a.Gid != b.Gid {
+		return false
+	}
+	return a.Kind == snapshot.KindSymlink || a.Mode&0o7777 == b.Mode&0o7777
+}
+
+// findLaterBelow finds the paths that a restore of ents would remove
+// although the tool call did not make them: entries below a directory that
+// was not one before the tool call (restore removes that tree) and that the
+// snapshot never captured, so another process or a later tool call made
+// them. It calls found with the captured path and the later one. Trees the
+// tool call moved into place and paths that are never captured
+// (--no-capture) are left out. Called with the engine's lock held.
+func (e *Engine) findLaterBelow(scope string, ents []snapshot.Entry, found func(top, p string)) {
+	captured := map[string]bool{}
+	movedIn := map[string]bool{} // destinations of directory moves
+	for _, ent := range ents {
+		captured[ent.Path] = true
+		if ent.Kind == snapshot.KindMoved {
+			movedIn[ent.Path] = true
+		}
+	}
+	for _, p := range e.Uncaptured(scope) {
+		captured[p] = true
+	}
+	var walk func(top, dir string)
+	walk = func(top, dir string) {
+		list, err := e.readDirLocked(dir)
+		if err != nil {
+			return
+		}
+		for _, d := range list {
+			p := joinPath(dir, d.Name)
+			switch {
+			case e.noCapture(p) || movedIn[p]:
+			case !captured[p]:
+				found(top, p)
+			case d.Mode&syscall.S_IFMT == syscall.S_IFDIR:
+				walk(top, p)
+			}
+		}
+	}
+	seen := map[string]bool{}
+	for _, ent := range ents {
+		if ent.Kind == snapshot.KindDir || ent.Kind == snapshot.KindMoved || movedIn[ent.Path] || seen[ent.Path] {
+			continue
+		}
+		seen[ent.Path] = true
+		l, err := e.locate(ent.Path)
+		if err != nil {
+			continue
+		}
+		if st, err := e.statLoc(ent.Path, l); err == nil && st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+			walk(ent.Path, ent.Path)
+		}
+	}
 }
 
 // restoreFiltered restores the entries of scope whose path keep accepts.

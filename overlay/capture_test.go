@@ -649,3 +649,99 @@ func TestRestoreRenamedAwayDirectory(t *testing.T) {
 	require.Equal(t, "y\n", h.baseRead("d/s/y"))
 	require.Equal(t, "y\n", h.baseRead("d/t/s/y"))
 }
+
+// A later process's work is not undone silently: a file it made inside a
+// directory the tool call created, and a mode it changed on a file the tool
+// call wrote, are listed as overwritten, or with keepLater kept (with the
+// directory that holds them).
+func TestRestoreLaterWorkBelowAndModes(t *testing.T) {
+	other := overlay.Caller{Pid: 1} // not the tool call's process tree
+	for _, keepLater := range []bool{false, true} {
+		h, _ := newSnapHarness(t, overlay.Staged)
+		h.baseFile("f.txt", "f0\n")
+		_, err := h.e.OpenSnapshot("tc1", "", os.Getpid(), nil)
+		require.NoError(t, err)
+		h.mkdir("gen")
+		h.create("gen/a", "a\n")
+		h.overwrite("f.txt", "f1\n")
+		_, err = h.e.CloseSnapshot("tc1")
+		require.NoError(t, err)
+
+		f, _, err := h.e.Create("gen/b", unix.O_WRONLY|unix.O_CREAT, 0o644, other)
+		require.NoError(t, err)
+		h.pwrite("gen/b", f, "b\n")
+		_, err = h.e.Setattr("f.txt", -1, overlay.SetAttr{Mode: ptrTo(uint32(0o600))}, other)
+		require.NoError(t, err)
+
+		res, err := h.e.RestoreTool("tc1", keepLater)
+		require.NoError(t, err)
+		require.Empty(t, res.Failed)
+		if keepLater {
+			require.Equal(t, []string{"f.txt", "gen", "gen/b"}, res.Kept)
+			require.Empty(t, res.Overwritten)
+			require.Equal(t, []string{"b"}, h.names("gen"), "the tool call's own file goes")
+			require.Equal(t, "f1\n", h.read("f.txt"))
+		} else {
+			require.Equal(t, []string{"f.txt", "gen/b"}, res.Overwritten)
+			require.Empty(t, res.Kept)
+			h.requireMissing("gen")
+			require.Equal(t, "f0\n", h.read("f.txt"))
+			require.Equal(t, uint32(0o644), h.stat("f.txt").Mode&0o7777)
+		}
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// Over the byte cap, a capture evicts closed snapshots first; a body that
+// still does not fit is not stored: the mutation goes on, the path is
+// recorded in the manifest as uncaptured (kept across a restart) and named
+// in restore's result, and the rest of the tool call is restored.
+func TestCaptureOverByteCap(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "snapshots")
+	h := newHarness(t)
+	st, err := snapstore.Open(dir, snapstore.Options{ByteCap: 100})
+	require.NoError(t, err)
+	require.NoError(t, h.e.Close())
+	h.e = nil
+	h.opts.Snapshots = st
+	var failed []string
+	h.opts.OnCaptureFailed = func(scope, p string, err error) { failed = append(failed, scope+" "+p) }
+	h.open()
+	h.baseFile("old", strings.Repeat("o", 60))
+	h.baseFile("mid", strings.Repeat("m", 60))
+	h.baseFile("big", strings.Repeat("b", 200))
+	h.baseFile("small", "s\n")
+
+	_, err = h.e.OpenSnapshot("early", "", 0, nil)
+	require.NoError(t, err)
+	h.overwrite("old", "o2\n")
+	_, err = h.e.CloseSnapshot("early")
+	require.NoError(t, err)
+
+	_, err = h.e.OpenSnapshot("tc", "", 0, nil)
+	require.NoError(t, err)
+	h.overwrite("mid", "m2\n") // 60 + 60 > 100: "early" is evicted
+	_, ok := st.Lookup("early")
+	require.False(t, ok, "a closed snapshot makes room")
+	h.overwrite("big", "b2\n") // larger than the whole cap
+	h.overwrite("small", "s2\n")
+	require.Equal(t, []string{"tc big"}, failed)
+	info, err := h.e.CloseSnapshot("tc")
+	require.NoError(t, err)
+	require.Equal(t, []string{"mid", "small"}, info.Paths)
+	require.Equal(t, []string{"big"}, info.Uncaptured)
+
+	// A new engine over a reopened store.
+	require.NoError(t, h.e.Close())
+	h.e = nil
+	h.opts.Snapshots, err = snapstore.Open(dir, snapstore.Options{ByteCap: 100})
+	require.NoError(t, err)
+	h.open()
+	res, err := h.e.Restore("tc")
+	require.NoError(t, err)
+	require.Equal(t, []string{"big"}, res.Uncaptured)
+	require.Equal(t, strings.Repeat("m", 60), h.read("mid"))
+	require.Equal(t, "s\n", h.read("small"))
+	require.Equal(t, "b2\n", h.read("big"), "what could not be captured stays")
+}

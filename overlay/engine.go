@@ -124,8 +124,6 @@ type Engine struct {
 	inos        *inoMap // inode numbers kept across commit
 	upperIno    atomic.Uint64
 
-	incompleteMu sync.Mutex // appends to posts/SCOPE.uncaptured
-
 	userMu   sync.Mutex
 	userPids map[int]bool // processes marked as the user's (userMu)
 
@@ -174,6 +172,8 @@ func New(opts Options) (*Engine, error) {
 		e.turnOpts.MaxAge = 7 * 24 * time.Hour
 	}
 	if e.snaps = opts.Snapshots; e.snaps != nil {
+		e.snaps.OnDrop(func(id string) { os.Remove(e.postFile(id)) })
+		e.removeStalePosts()
 		e.dropStaleRedo()
 		e.openSnaps.Store(int64(len(e.snaps.OpenSnapshots())))
 	}

@@ -44,6 +44,11 @@ func FuzzDecodeManifest(f *testing.F) {
 				sum += e.Size
 			}
 		}
+		for _, p := range info.Uncaptured {
+			if p == "" || validPath(p) != nil {
+				t.Fatalf("accepted bad uncaptured path %q", p)
+			}
+		}
 		if sum != info.Bytes {
 			t.Fatalf("bytes %d, want %d", info.Bytes, sum)
 		}
@@ -61,12 +66,21 @@ func FuzzDecodeManifest(f *testing.F) {
 
 // encodeForTest writes a manifest the way Create, Add and CloseSnapshot do.
 func encodeForTest(t *testing.T, info Info, entries []Entry) []byte {
-	b, err := marshalLine(header{ID: info.ID, ScopeID: info.ScopeID, Turn: info.Turn, Pid: info.Pid, Created: info.Created})
+	b, err := marshalLine(header{ID: info.ID, ScopeID: info.ScopeID, Turn: info.Turn, Pid: info.Pid, Created: info.Created, Workspace: info.Workspace})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range entries {
 		l, err := marshalLine(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = append(b, l...)
+	}
+	for _, p := range info.Uncaptured {
+		l, err := marshalLine(struct {
+			Uncaptured string `json:"uncaptured"`
+		}{p})
 		if err != nil {
 			t.Fatal(err)
 		}

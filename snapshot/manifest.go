@@ -13,19 +13,22 @@ import (
 // Paths, Bytes and Closed are not stored there because they follow from the
 // lines after it.
 type header struct {
-	ID      string `json:"id"`
-	ScopeID string `json:"scopeId"`
-	Turn    string `json:"turn,omitempty"`
-	Pid     int    `json:"pid,omitempty"`
-	Created int64  `json:"created"`
+	ID        string `json:"id"`
+	ScopeID   string `json:"scopeId"`
+	Turn      string `json:"turn,omitempty"`
+	Pid       int    `json:"pid,omitempty"`
+	Created   int64  `json:"created"`
+	Workspace string `json:"workspace,omitempty"`
 }
 
-// line is any manifest line after the header: an Entry, or the close marker
-// {"closed":true}. Both shapes decode into one struct so that a line can be
+// line is any manifest line after the header: an Entry, the close marker
+// {"closed":true}, or {"uncaptured":PATH} for a path whose pre-image could
+// not be stored. The shapes decode into one struct so that a line can be
 // told apart without parsing it twice.
 type line struct {
 	Entry
-	Closed bool `json:"closed"`
+	Closed     bool   `json:"closed"`
+	Uncaptured string `json:"uncaptured,omitempty"`
 }
 
 // closeMarker is the last line of a closed snapshot's manifest.
@@ -33,10 +36,11 @@ var closeMarker = []byte("{\"closed\":true}\n")
 
 // decoded is a parsed manifest.
 type decoded struct {
-	hdr     header
-	entries []Entry // every entry line, in file order (duplicates included)
-	closed  bool
-	keep    int // length of the part to keep; bytes after it are a torn tail
+	hdr        header
+	entries    []Entry  // every entry line, in file order (duplicates included)
+	uncaptured []string // paths named by uncaptured lines, in file order
+	closed     bool
+	keep       int // length of the part to keep; bytes after it are a torn tail
 }
 
 // decodeManifest parses a manifest file. A torn last line (no trailing
@@ -80,12 +84,23 @@ func decodeManifest(data []byte) (decoded, error) {
 			if d.closed {
 				return d, fmt.Errorf("line %d: line after the close marker", n)
 			}
-			if l.Closed {
+			switch {
+			case l.Closed && l.Uncaptured != "":
+				return d, fmt.Errorf("line %d: close marker naming an uncaptured path", n)
+			case l.Closed:
 				if !isZeroEntry(l.Entry) {
 					return d, fmt.Errorf("line %d: close marker with entry fields", n)
 				}
 				d.closed = true
-			} else {
+			case l.Uncaptured != "":
+				if !isZeroEntry(l.Entry) {
+					return d, fmt.Errorf("line %d: uncaptured path with entry fields", n)
+				}
+				if err := validPath(l.Uncaptured); err != nil {
+					return d, fmt.Errorf("line %d: uncaptured path %q: %w", n, l.Uncaptured, err)
+				}
+				d.uncaptured = append(d.uncaptured, l.Uncaptured)
+			default:
 				if err := checkEntry(&l.Entry); err != nil {
 					return d, fmt.Errorf("line %d: %w", n, err)
 				}
@@ -126,6 +141,9 @@ func DecodeManifest(data []byte) (header Info, entries []Entry, err error) {
 	sn := newSnap(d.hdr)
 	for _, e := range d.entries {
 		sn.record(e)
+	}
+	for _, p := range d.uncaptured {
+		sn.uncaptured(p)
 	}
 	sn.info.Closed = d.closed
 	return sn.copyInfo(), sn.copyEntries(), nil

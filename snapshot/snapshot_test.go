@@ -351,8 +351,7 @@ func TestEvictionByByteCap(t *testing.T) {
 	s := openStore(t, dir, Options{NoSync: true, ByteCap: 100})
 	body := func(c byte, n int) string { return strings.Repeat(string(c), n) }
 
-	// old1 and old2 are closed, busy (created between them) stays open,
-	// and closing last pushes the total over the cap.
+	// old1 and old2 are closed, busy (created between them) stays open.
 	_, err := s.Create("old1", "", 0)
 	require.NoError(t, err)
 	h1 := addFile(t, s, "old1", "f", body('a', 30))
@@ -371,46 +370,50 @@ func TestEvictionByByteCap(t *testing.T) {
 	require.Equal(t, int64(90), s.TotalBytes())
 	require.Len(t, s.List(), 3)
 
+	// A capture that would go over the cap evicts closed snapshots, oldest
+	// first, until it fits: 90+60 > 100, old1 goes (120), then old2 (90);
+	// busy is older than old2 but open.
 	_, err = s.Create("last", "", 0)
 	require.NoError(t, err)
 	hLast := addFile(t, s, "last", "f", body('d', 60))
-	require.Equal(t, int64(150), s.TotalBytes(), "only a close evicts")
-	info, err := s.CloseSnapshot("last")
-	require.NoError(t, err)
-	require.True(t, info.Closed)
-
-	// 150 > 100: old1 goes (120), then old2 (90); busy is older than old2
-	// but open, and last is not needed.
-	var scopes []string
-	for _, i := range s.List() {
-		scopes = append(scopes, i.ScopeID)
+	scopes := func() []string {
+		var out []string
+		for _, i := range s.List() {
+			out = append(out, i.ScopeID)
+		}
+		return out
 	}
-	require.Equal(t, []string{"busy", "last"}, scopes)
+	require.Equal(t, []string{"busy", "last"}, scopes())
 	require.Equal(t, int64(90), s.TotalBytes())
 	require.Equal(t, sorted(hBusy, hLast), blobFiles(t, dir))
 	require.NotContains(t, blobFiles(t, dir), h1)
 	require.NotContains(t, blobFiles(t, dir), h2)
+	info, err := s.CloseSnapshot("last")
+	require.NoError(t, err)
+	require.True(t, info.Closed)
+	require.Equal(t, []string{"busy", "last"}, scopes(), "nothing over the cap at close")
 
-	// Open snapshots alone may exceed the cap: nothing open is evicted,
-	// and when no closed snapshot is left the close still succeeds.
+	// A body that can not fit even with every closed snapshot gone is
+	// refused, and its blob removed; open snapshots are never evicted.
 	_, err = s.Create("big", "", 0)
 	require.NoError(t, err)
-	addFile(t, s, "big", "f", body('e', 200))
-	_, err = s.Create("tiny", "", 0)
-	require.NoError(t, err)
-	_, err = s.CloseSnapshot("tiny")
-	require.NoError(t, err)
-	scopes = scopes[:0]
-	for _, i := range s.List() {
-		scopes = append(scopes, i.ScopeID)
-	}
-	// 290 > 100: last goes (230), then tiny itself, although it holds
-	// nothing; busy and big are open and stay.
-	require.Equal(t, []string{"busy", "big"}, scopes)
-	require.Equal(t, int64(230), s.TotalBytes())
-	require.Len(t, s.OpenSnapshots(), 2)
+	hBig, n := put(t, s, body('e', 200))
+	err = s.Add("big", Entry{Path: "f", Kind: KindFile, Hash: hBig, Size: n, Mode: 0o100644})
+	require.ErrorIs(t, err, ErrOverCap)
+	require.Equal(t, []string{"busy", "big"}, scopes(), "last evicted trying")
+	require.Equal(t, int64(30), s.TotalBytes())
+	require.Equal(t, sorted(hBusy), blobFiles(t, dir))
+	require.NoError(t, s.MarkUncaptured("big", "f"))
+	require.NoError(t, s.MarkUncaptured("big", "f"), "once is enough")
 
-	// The eviction is durable.
+	// A body an open snapshot holds already costs nothing more.
+	require.NoError(t, s.Add("big", Entry{Path: "g", Kind: KindFile, Hash: hBusy, Size: 30, Mode: 0o100644}))
+	big, ok := s.Lookup("big")
+	require.True(t, ok)
+	require.Equal(t, []string{"g"}, big.Paths)
+	require.Equal(t, []string{"f"}, big.Uncaptured)
+
+	// The eviction and the uncaptured path are durable.
 	s2 := openStore(t, dir, Options{NoSync: true, ByteCap: 100})
 	require.Equal(t, s.List(), s2.List())
 }

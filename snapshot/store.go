@@ -57,12 +57,19 @@ type Info struct {
 	Closed  bool     `json:"closed"`
 	Paths   []string `json:"paths"` // captured paths, in capture order
 	Bytes   int64    `json:"bytes"` // sum of the sizes of its distinct file bodies
+	// Workspace is the workspace the snapshot was taken of.
+	Workspace string `json:"workspace,omitempty"`
+	// Uncaptured names the paths that changed while the snapshot was open
+	// but whose pre-image could not be stored (a full disk, over the byte
+	// cap): a snapshot with any is incomplete, and restore leaves them.
+	Uncaptured []string `json:"uncaptured,omitempty"`
 }
 
 // Options configure a Store.
 type Options struct {
-	ByteCap int64 // total bytes of bodies referenced by snapshots; 0 means 1 GiB; <0 means no cap
-	NoSync  bool  // tests only: skip fsyncs
+	ByteCap   int64  // total bytes of bodies referenced by snapshots; 0 means 1 GiB; <0 means no cap
+	NoSync    bool   // tests only: skip fsyncs
+	Workspace string // recorded in each new snapshot's header
 	// Lazy reports the scopes whose snapshots wait for the disk only once
 	// they hold something: the header and the close marker are written
 	// without an fsync, and the first entry's fsync makes the header
@@ -82,6 +89,7 @@ var (
 	ErrNotFound = errors.New("snapshot: not found")
 	ErrClosed   = errors.New("snapshot: snapshot is closed")
 	ErrExists   = errors.New("snapshot: an open snapshot with this scope id exists")
+	ErrOverCap  = errors.New("snapshot: the body does not fit the byte cap")
 )
 
 // tmpPrefix starts the names of files that are being written. Open removes
@@ -103,12 +111,13 @@ type snap struct {
 func newSnap(h header) *snap {
 	return &snap{
 		info: Info{
-			ID:      h.ID,
-			ScopeID: h.ScopeID,
-			Turn:    h.Turn,
-			Pid:     h.Pid,
-			Created: h.Created,
-			Paths:   []string{},
+			ID:        h.ID,
+			ScopeID:   h.ScopeID,
+			Turn:      h.Turn,
+			Pid:       h.Pid,
+			Created:   h.Created,
+			Workspace: h.Workspace,
+			Paths:     []string{},
 		},
 		entries: []Entry{},
 		has:     map[string]struct{}{},
@@ -152,7 +161,18 @@ func (sn *snap) copyInfo() Info {
 	i := sn.info
 	i.Paths = make([]string, len(sn.info.Paths))
 	copy(i.Paths, sn.info.Paths)
+	i.Uncaptured = append([]string(nil), sn.info.Uncaptured...)
 	return i
+}
+
+// uncaptured adds p to the snapshot's uncaptured paths, once.
+func (sn *snap) uncaptured(p string) {
+	for _, q := range sn.info.Uncaptured {
+		if q == p {
+			return
+		}
+	}
+	sn.info.Uncaptured = append(sn.info.Uncaptured, p)
 }
 
 func (sn *snap) copyEntries() []Entry {
@@ -170,12 +190,14 @@ type ref struct {
 // Store keeps snapshots and their bodies in a directory. It is safe for
 // concurrent use; one mutex guards all in-memory state.
 type Store struct {
-	blobDir string
-	snapDir string
-	noSync  bool
-	byteCap int64                     // <0: no cap
-	lazy    func(scopeID string) bool // Options.Lazy; nil when the boot id is unknown
-	flushes atomic.Int64              // fsyncs asked for (also under NoSync), for tests
+	blobDir   string
+	snapDir   string
+	noSync    bool
+	workspace string
+	byteCap   int64                     // <0: no cap
+	lazy      func(scopeID string) bool // Options.Lazy; nil when the boot id is unknown
+	flushes   atomic.Int64              // fsyncs asked for (also under NoSync), for tests
+	onDrop    func(id string)           // see OnDrop
 
 	mu          sync.Mutex
 	order       []*snap          // by creation, oldest first
@@ -198,10 +220,12 @@ func Open(dir string, opts Options) (*Store, error) {
 		noSync:  opts.NoSync,
 		byteCap: opts.ByteCap,
 		lazy:    opts.Lazy,
-		byScope: map[string]*snap{},
-		blobs:   map[string]int64{},
-		refs:    map[string]*ref{},
-		pins:    map[string]int{},
+
+		workspace: opts.Workspace,
+		byScope:   map[string]*snap{},
+		blobs:     map[string]int64{},
+		refs:      map[string]*ref{},
+		pins:      map[string]int{},
 	}
 	if s.byteCap == 0 {
 		s.byteCap = DefaultByteCap
@@ -306,6 +330,9 @@ func (s *Store) loadManifest(p, id string) (*snap, error) {
 	for _, e := range d.entries {
 		sn.record(e)
 	}
+	for _, p := range d.uncaptured {
+		sn.uncaptured(p)
+	}
 	sn.info.Closed = d.closed
 	sn.size = int64(d.keep)
 	sn.lazy = s.lazy != nil && s.lazy(sn.info.ScopeID)
@@ -394,11 +421,12 @@ func (s *Store) Create(scopeID, turn string, pid int) (Info, error) {
 	var rnd [4]byte
 	rand.Read(rnd[:]) // never fails (it crashes the program instead)
 	h := header{
-		ID:      fmt.Sprintf("%016x-%s", created, hex.EncodeToString(rnd[:])),
-		ScopeID: scopeID,
-		Turn:    turn,
-		Pid:     pid,
-		Created: created,
+		ID:        fmt.Sprintf("%016x-%s", created, hex.EncodeToString(rnd[:])),
+		ScopeID:   scopeID,
+		Turn:      turn,
+		Pid:       pid,
+		Created:   created,
+		Workspace: s.workspace,
 	}
 	b, err := marshalLine(h)
 	if err != nil {
@@ -511,6 +539,9 @@ func (s *Store) Add(scopeID string, e Entry) error {
 		if size != e.Size {
 			return fmt.Errorf("snapshot: entry %q: size %d, but body %s has %d bytes", e.Path, e.Size, e.Hash, size)
 		}
+		if err := s.makeRoomLocked(e.Hash, e.Size); err != nil {
+			return err
+		}
 	}
 	if e.Time == 0 {
 		e.Time = time.Now().UnixNano()
@@ -595,19 +626,20 @@ func (s *Store) CloseSnapshot(scopeID string) (Info, error) {
 	}
 	sn.info.Closed = true
 	info := sn.copyInfo()
-	if err := s.enforceCapLocked(); err != nil {
+	if err := s.enforceCapLocked(0); err != nil {
 		return info, fmt.Errorf("snapshot: enforcing the byte cap: %w", err)
 	}
 	return info, nil
 }
 
 // enforceCapLocked drops whole closed snapshots, oldest first, until the
-// referenced bodies fit the cap or no closed snapshot is left.
-func (s *Store) enforceCapLocked() error {
-	if s.byteCap < 0 || s.total <= s.byteCap {
+// referenced bodies and extra more bytes fit the cap or no closed snapshot
+// is left.
+func (s *Store) enforceCapLocked(extra int64) error {
+	if s.byteCap < 0 || s.total+extra <= s.byteCap {
 		return nil
 	}
-	for s.total > s.byteCap {
+	for s.total+extra > s.byteCap {
 		var victim *snap
 		for _, sn := range s.order {
 			if sn.info.Closed {
@@ -624,6 +656,76 @@ func (s *Store) enforceCapLocked() error {
 	}
 	_, err := s.gcLocked()
 	return err
+}
+
+// makeRoomLocked makes room under the byte cap for body h of size bytes,
+// about to be referenced. A body some snapshot refers to already costs
+// nothing; otherwise closed snapshots are evicted, oldest first, until it
+// fits. When it can not fit (open snapshots hold the rest), the body is
+// removed unless a PutBody not yet passed to Add holds it, and the error is
+// ErrOverCap: the caller marks the path uncaptured.
+func (s *Store) makeRoomLocked(h string, size int64) error {
+	if s.byteCap < 0 || s.refs[h] != nil || s.total+size <= s.byteCap {
+		return nil
+	}
+	// Pinned while closed snapshots go, so that their GC leaves it.
+	s.pins[h]++
+	err := s.enforceCapLocked(size)
+	s.unpin(h)
+	if err != nil {
+		return fmt.Errorf("snapshot: evicting for the byte cap: %w", err)
+	}
+	if s.total+size <= s.byteCap {
+		return nil
+	}
+	if s.pins[h] == 0 {
+		if err := os.Remove(s.blobPath(h)); err == nil || errors.Is(err, fs.ErrNotExist) {
+			delete(s.blobs, h)
+		}
+	}
+	return fmt.Errorf("%w: %d bytes, with %d of %d held by open snapshots", ErrOverCap, size, s.total, s.byteCap)
+}
+
+// Fits reports whether a body of size bytes could fit the byte cap at all,
+// so that a file larger than the whole cap is not copied only to be
+// refused.
+func (s *Store) Fits(size int64) bool {
+	return s.byteCap < 0 || size <= s.byteCap
+}
+
+// MarkUncaptured records, durably, that path changed while scopeID's
+// snapshot was open without its pre-image being stored: the snapshot is
+// incomplete. When the line can not be written (the disk is full) the
+// path is still kept in memory, and the error says so.
+func (s *Store) MarkUncaptured(scopeID, path string) error {
+	if err := validPath(path); err != nil || path == "" {
+		return fmt.Errorf("snapshot: uncaptured path %q: not a workspace path", path)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sn := s.byScope[scopeID]
+	if sn == nil {
+		return fmt.Errorf("%w: snapshot %q", ErrNotFound, scopeID)
+	}
+	if sn.info.Closed {
+		return fmt.Errorf("%w: %q", ErrClosed, scopeID)
+	}
+	for _, q := range sn.info.Uncaptured {
+		if q == path {
+			return nil
+		}
+	}
+	sn.uncaptured(path)
+	if sn.broken != nil {
+		return sn.broken
+	}
+	b, err := marshalLine(struct {
+		Uncaptured string `json:"uncaptured"`
+	}{path})
+	if err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	return s.appendLine(sn, b, true)
 }
 
 // Entries returns the snapshot's entries in capture order.
@@ -717,7 +819,20 @@ func (s *Store) dropLocked(sn *snap) error {
 	for h := range sn.hashes {
 		s.dropRef(h)
 	}
+	if s.onDrop != nil {
+		s.onDrop(sn.info.ID)
+	}
 	return nil
+}
+
+// OnDrop sets f to be called with the id of every snapshot the store drops
+// from now on (Drop, eviction, a closed scope id used again), so that a
+// user of the store can remove what it keeps beside a snapshot. f runs
+// under the store's lock: it must not call the store.
+func (s *Store) OnDrop(f func(id string)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onDrop = f
 }
 
 func (s *Store) addRef(h string, size int64) {

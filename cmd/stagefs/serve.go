@@ -57,7 +57,7 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 	if err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}
-	snaps, err := snapshot.Open(filepath.Join(cfg.state, "snapshots"), snapshot.Options{ByteCap: cfg.snapshotCap, Lazy: overlay.ToolCallScope})
+	snaps, err := snapshot.Open(filepath.Join(cfg.state, "snapshots"), snapshot.Options{ByteCap: cfg.snapshotCap, Lazy: overlay.ToolCallScope, Workspace: cfg.workspace})
 	if err != nil {
 		return fmt.Errorf("snapshots: %w", err)
 	}
