@@ -5,6 +5,7 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -223,5 +224,54 @@ func TestCLIDiffNonUTF8(t *testing.T) {
 	assertFile(t, filepath.Join(cp, "latin1.txt"), latin1Old)
 	if _, err := os.Lstat(filepath.Join(cp, "rand.bin")); !os.IsNotExist(err) {
 		t.Errorf("rand.bin exists in the copy after applying without it: %v", err)
+	}
+}
+
+// TestCLIControlCallerInJournal checks that commits, discards, mode
+// switches and patches asked for over the control socket are journaled
+// with the client's pid and command, not as pid 0.
+func TestCLIControlCallerInJournal(t *testing.T) {
+	m := mountStagefs(t, withFiles(map[string]string{"a.txt": "a\n", "b.txt": "b\n"}))
+	var before control.LogResult
+	if err := json.Unmarshal([]byte(m.mustCLI("log", "--json")), &before); err != nil {
+		t.Fatal(err)
+	}
+	var since uint64
+	if n := len(before.Records); n > 0 {
+		since = before.Records[n-1].Seq
+	}
+
+	if err := os.WriteFile(m.in("a.txt"), []byte("A\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m.mustCLI("commit", "a.txt")
+	if err := os.WriteFile(m.in("b.txt"), []byte("B\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m.mustCLI("discard")
+	m.mustCLI("mode", "immediate")
+	m.mustCLI("mode", "staged")
+	m.mustCLI("patch", "b.txt", "--expect", contentHash([]byte("b\n")), "--edit", "b=bee")
+
+	var lr control.LogResult
+	out := m.mustCLI("log", "--json", "--since", strconv.FormatUint(since, 10))
+	if err := json.Unmarshal([]byte(out), &lr); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"commit_begin": 1, "commit_end": 1, "discard": 1, "set_mode": 2, "patch": 1}
+	got := map[string]int{}
+	for _, r := range lr.Records {
+		if _, ok := want[r.Op]; !ok {
+			continue
+		}
+		got[r.Op]++
+		if r.PID == 0 || r.PID == m.daemonPid() || r.Comm != "stagefs" {
+			t.Errorf("record %d (%s): pid %d, command %q; want the stagefs client's (daemon is %d)", r.Seq, r.Op, r.PID, r.Comm, m.daemonPid())
+		}
+	}
+	for op, n := range want {
+		if got[op] != n {
+			t.Errorf("%d %s record(s) since %d, want %d\n%s", got[op], op, since, n, out)
+		}
 	}
 }
