@@ -5,6 +5,7 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -272,6 +273,38 @@ func TestCLIControlCallerInJournal(t *testing.T) {
 	for op, n := range want {
 		if got[op] != n {
 			t.Errorf("%d %s record(s) since %d, want %d\n%s", got[op], op, since, n, out)
+		}
+	}
+}
+
+// TestCLIStatusAgeAndColor checks the age column of the human status and
+// that diff --color takes only auto, always and never.
+func TestCLIStatusAgeAndColor(t *testing.T) {
+	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "old\n"}))
+	if err := os.WriteFile(m.in("f.txt"), []byte("new\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := m.mustCLI("status")
+	if !regexp.MustCompile(`(?m)^  write +f\.txt  4 B  [0-9]+s\b`).MatchString(out) {
+		t.Errorf("status lacks the entry's age (like 3s):\n%s", out)
+	}
+
+	// A bad --color is a usage error, found before looking for a daemon.
+	for name, r := range map[string]result{
+		"with a daemon":    m.cli("diff", "--color", "bogus"),
+		"without a daemon": runIn(t, cmdSpec{dir: "/"}, stagefsBin, "diff", "--color=yes"),
+	} {
+		if r.code != 2 || !strings.Contains(r.stderr, "auto, always or never") {
+			t.Errorf("diff --color with a bad value %s: exit %d, want 2 and the valid values\n%s", name, r.code, r)
+		}
+	}
+	if d := m.mustCLI("diff", "--color", "always"); !strings.Contains(d, "\x1b[32m+new") {
+		t.Errorf("diff --color always has no color:\n%q", d)
+	}
+	// Standard output is a pipe here: auto, like never, must not color.
+	for _, mode := range []string{"never", "auto"} {
+		if d := m.mustCLI("diff", "--color", mode); strings.Contains(d, "\x1b[") || !strings.Contains(d, "+new\n") {
+			t.Errorf("diff --color %s:\n%q", mode, d)
 		}
 	}
 }

@@ -137,9 +137,24 @@ func runStatus(ctx context.Context, args []string) error {
 		if e.PID != 0 {
 			who = fmt.Sprintf("  (%s[%d])", e.Comm, e.PID)
 		}
-		fmt.Printf("  %-9s %s  %s%s\n", e.Kind, what, humanBytes(e.Bytes), who)
+		fmt.Printf("  %-9s %s  %s  %s%s\n", e.Kind, what, humanBytes(e.Bytes), shortAge(e.AgeMs), who)
 	}
 	return nil
+}
+
+// shortAge writes how long ago a change was staged in one unit, rounded
+// down, so the column stays short: 45s, 3m, 2h, 5d.
+func shortAge(ms int64) string {
+	d := time.Duration(max(ms, 0)) * time.Millisecond
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", d/time.Second)
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", d/time.Minute)
+	case d < 24*time.Hour:
+		return fmt.Sprintf("%dh", d/time.Hour)
+	}
+	return fmt.Sprintf("%dd", d/(24*time.Hour))
 }
 
 func humanBytes(n int64) string {

@@ -7,6 +7,31 @@ import (
 	"github.com/spf13/pflag"
 )
 
+func TestShortAge(t *testing.T) {
+	tests := []struct {
+		ms   int64
+		want string
+	}{
+		{-5, "0s"}, // clock skew must not print a negative age
+		{0, "0s"},
+		{999, "0s"},
+		{3_000, "3s"},
+		{59_999, "59s"},
+		{60_000, "1m"},
+		{125_000, "2m"},
+		{3_599_999, "59m"},
+		{3_600_000, "1h"},
+		{86_399_999, "23h"},
+		{86_400_000, "1d"},
+		{10 * 86_400_000, "10d"},
+	}
+	for _, tt := range tests {
+		if got := shortAge(tt.ms); got != tt.want {
+			t.Errorf("shortAge(%d) = %q, want %q", tt.ms, got, tt.want)
+		}
+	}
+}
+
 func TestColorFlag(t *testing.T) {
 	for _, v := range []string{"auto", "always", "never"} {
 		c := colorFlag("auto")
