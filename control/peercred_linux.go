@@ -5,12 +5,13 @@ import (
 	"syscall"
 )
 
-// peerUID returns the uid of the process on the other end of c, as the
-// kernel recorded it at connect time (SO_PEERCRED), so it cannot be faked.
-func peerUID(c *net.UnixConn) (uint32, error) {
+// peerCred returns the process on the other end of c, as the kernel
+// recorded it at connect time (SO_PEERCRED), so it cannot be faked. The pid
+// is in the daemon's pid namespace.
+func peerCred(c *net.UnixConn) (Peer, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		return 0, err
+		return Peer{}, err
 	}
 	var cred *syscall.Ucred
 	var credErr error
@@ -18,10 +19,10 @@ func peerUID(c *net.UnixConn) (uint32, error) {
 		cred, credErr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
 	})
 	if err != nil {
-		return 0, err
+		return Peer{}, err
 	}
 	if credErr != nil {
-		return 0, credErr
+		return Peer{}, credErr
 	}
-	return cred.Uid, nil
+	return Peer{Pid: int(cred.Pid), Uid: cred.Uid, Gid: cred.Gid}, nil
 }

@@ -7,8 +7,8 @@ import (
 	"net"
 )
 
-// peerUID is only implemented on Linux. Elsewhere every peer is refused,
+// peerCred is only implemented on Linux. Elsewhere every peer is refused,
 // since an unchecked control socket would let anyone commit files.
-func peerUID(c *net.UnixConn) (uint32, error) {
-	return 0, errors.New("peer credentials are not supported on this system")
+func peerCred(c *net.UnixConn) (Peer, error) {
+	return Peer{}, errors.New("peer credentials are not supported on this system")
 }

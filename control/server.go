@@ -383,6 +383,10 @@ type conn struct {
 	wmu       sync.Mutex
 	closeOnce sync.Once
 
+	// peer is the client process, read once when the connection is
+	// accepted; handlers get it through PeerFrom.
+	peer Peer
+
 	// sub is set by events/subscribe. It is only touched by the
 	// connection's own goroutine, which is also the one running handlers.
 	sub        *subscriber
@@ -390,6 +394,25 @@ type conn struct {
 }
 
 type connKey struct{}
+
+// Peer is the process at the other end of a connection, from SO_PEERCRED.
+type Peer struct {
+	Pid int
+	Uid uint32
+	Gid uint32
+}
+
+// PeerFrom returns the client process of the request whose context ctx
+// is, so that a Backend can say who asked for an operation (the journal
+// records a commit's or a discard's pid and command). ok is false for a
+// context that did not come from the server.
+func PeerFrom(ctx context.Context) (peer Peer, ok bool) {
+	c, ok := ctx.Value(connKey{}).(*conn)
+	if !ok {
+		return Peer{}, false
+	}
+	return c.peer, true
+}
 
 func (s *Server) newConn(nc *net.UnixConn) *conn {
 	ctx, cancel := context.WithCancel(s.ctx)
@@ -427,17 +450,18 @@ func (s *Server) serveConn(c *conn) {
 		s.mu.Unlock()
 	}()
 
-	uid, err := peerUID(c.nc)
+	peer, err := peerCred(c.nc)
 	if err != nil {
 		s.logf("control: refusing connection: %v", err)
 		s.refuse(c, "cannot read peer credentials: %v", err)
 		return
 	}
-	if !s.opts.AllowUID(uid) {
-		s.logf("control: refusing connection from uid %d", uid)
-		s.refuse(c, "peer uid %d not allowed", uid)
+	if !s.opts.AllowUID(peer.Uid) {
+		s.logf("control: refusing connection from uid %d", peer.Uid)
+		s.refuse(c, "peer uid %d not allowed", peer.Uid)
 		return
 	}
+	c.peer = peer
 
 	r := bufio.NewReaderSize(c.nc, 64<<10)
 	for {

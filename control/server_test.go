@@ -1073,3 +1073,27 @@ func TestClientContextCancel(t *testing.T) {
 	_, err = c.Diff(done, nil)
 	require.ErrorIs(t, err, context.Canceled)
 }
+
+// TestPeerFromContext checks that a handler learns which process sent the
+// request: the backend journals commits and discards under that pid.
+func TestPeerFromContext(t *testing.T) {
+	type peerResult struct {
+		Pid int    `json:"pid"`
+		Uid uint32 `json:"uid"`
+		OK  bool   `json:"ok"`
+	}
+	s, path := startServer(t, nil, ServerOptions{})
+	s.Handle("test/peer", Typed(func(ctx context.Context, _ struct{}) (peerResult, error) {
+		p, ok := PeerFrom(ctx)
+		return peerResult{Pid: p.Pid, Uid: p.Uid, OK: ok}, nil
+	}))
+	c := dialClient(t, path)
+	var r peerResult
+	require.NoError(t, c.Call(testCtx(t), "test/peer", nil, &r))
+	// The client is this test process.
+	require.Equal(t, peerResult{Pid: os.Getpid(), Uid: uint32(os.Getuid()), OK: true}, r)
+
+	// A context that did not come from the server has no peer.
+	_, ok := PeerFrom(context.Background())
+	require.False(t, ok)
+}

@@ -269,8 +269,9 @@ func (e *Engine) Mode() Mode {
 
 // SetMode switches between staged and immediate. Switching to immediate
 // while changes are pending is refused: they would be hidden by writes that
-// go around them.
-func (e *Engine) SetMode(m Mode) (Mode, error) {
+// go around them. c is who asked (a control socket client); the journal
+// records its pid and command.
+func (e *Engine) SetMode(m Mode, c Caller) (Mode, error) {
 	var prev Mode
 	err := e.locked(func() error {
 		prev = e.mode
@@ -285,7 +286,7 @@ func (e *Engine) SetMode(m Mode) (Mode, error) {
 	if err != nil {
 		return prev, err
 	}
-	e.note(Record{Op: "set_mode", Detail: string(prev) + " -> " + string(m)})
+	e.note(Record{Op: "set_mode", Pid: c.Pid, Detail: string(prev) + " -> " + string(m)})
 	return prev, nil
 }
 

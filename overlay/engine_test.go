@@ -1089,7 +1089,7 @@ func TestHiddenPathImmediate(t *testing.T) {
 	h := newHarness(t, ".stagefs")
 	h.baseFile(".stagefs/state/journal", "j")
 	h.baseFile("visible", "v")
-	_, err := h.e.SetMode(overlay.Immediate)
+	_, err := h.e.SetMode(overlay.Immediate, caller)
 	require.NoError(t, err)
 	ws := h.wsSnapshot()
 
@@ -1125,7 +1125,7 @@ func TestSetModeImmediate(t *testing.T) {
 	h.baseFile("f", "base")
 	h.create("staged", "s")
 
-	prev, err := h.e.SetMode(overlay.Immediate)
+	prev, err := h.e.SetMode(overlay.Immediate, caller)
 	var se *overlay.StateError
 	require.True(t, errors.As(err, &se), "switching to immediate with pending changes is refused: %v", err)
 	require.Equal(t, overlay.Staged, prev)
@@ -1133,7 +1133,7 @@ func TestSetModeImmediate(t *testing.T) {
 	h.requireBaseMissing("staged")
 
 	h.commitAll()
-	prev, err = h.e.SetMode(overlay.Immediate)
+	prev, err = h.e.SetMode(overlay.Immediate, caller)
 	require.NoError(t, err)
 	require.Equal(t, overlay.Staged, prev)
 	require.Equal(t, overlay.Immediate, h.e.Mode())
@@ -1159,7 +1159,7 @@ func TestSetModeImmediate(t *testing.T) {
 	require.Equal(t, h.wsSnapshot(), h.view())
 
 	// Back to staged: writes are staged again.
-	_, err = h.e.SetMode(overlay.Staged)
+	_, err = h.e.SetMode(overlay.Staged, caller)
 	require.NoError(t, err)
 	h.overwrite("f", "staged again")
 	require.Equal(t, "changed", h.baseRead("f"))

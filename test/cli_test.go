@@ -2,10 +2,14 @@ package test
 
 import (
 	"encoding/json"
+	"math/rand"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"stagefs/control"
 )
@@ -148,4 +152,159 @@ func TestCLIClients(t *testing.T) {
 		t.Errorf("mode bogus accepted: %s", r)
 	}
 	assertSameTree(t, "workspace at the end", before, snapshot(t, m.ws))
+}
+
+// TestCLIDiffNonUTF8 checks that stagefs diff never garbles content that
+// is not UTF-8. The diff travels in a JSON string, where invalid bytes
+// become U+FFFD: shown as text, a Latin-1 file would reach git apply as
+// other bytes. Such files must be reported as binary, and the text file
+// next to them must still apply byte for byte.
+func TestCLIDiffNonUTF8(t *testing.T) {
+	requireTool(t, "git")
+	textOld := "one\ntwo\nthree\n"
+	latin1Old := "caf\xe9\nna\xefve\n" // "café", "naïve" in Latin-1
+	m := mountStagefs(t, withFiles(map[string]string{"text.txt": textOld, "latin1.txt": latin1Old}))
+
+	textNew := "one\nzwei ✓\nthree\nfour" // multi-byte UTF-8, no final newline
+	latin1New := "caf\xe9\nna\xefve!\n\xa9 2024\n"
+	random := make([]byte, 4096)
+	rand.New(rand.NewSource(3)).Read(random)
+	// No NUL bytes: git's own rule (a NUL in the first 8000 bytes) would
+	// call the file binary already; this one must be caught as non-UTF-8.
+	for i, b := range random {
+		if b == 0 {
+			random[i] = 0xff
+		}
+	}
+	for name, data := range map[string][]byte{"text.txt": []byte(textNew), "latin1.txt": []byte(latin1New), "rand.bin": random} {
+		if err := os.WriteFile(m.in(name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	d := m.mustCLI("diff")
+	if !utf8.ValidString(d) || strings.ContainsRune(d, utf8.RuneError) {
+		t.Errorf("diff has invalid UTF-8 or U+FFFD (garbled content):\n%q", d)
+	}
+	for _, want := range []string{
+		"Binary files a/latin1.txt and b/latin1.txt differ\n",
+		"Binary files /dev/null and b/rand.bin differ\n",
+		"+++ b/text.txt\n",
+	} {
+		if !strings.Contains(d, want) {
+			t.Errorf("diff lacks %q:\n%q", want, d)
+		}
+	}
+	for _, bad := range []string{"+++ b/latin1.txt", "+++ b/rand.bin"} {
+		if strings.Contains(d, bad) {
+			t.Errorf("diff shows a non-UTF-8 file as text (%q):\n%q", bad, d)
+		}
+	}
+	var dr control.DiffResult
+	if err := json.Unmarshal([]byte(m.mustCLI("diff", "--json")), &dr); err != nil || dr.Diff != d {
+		t.Errorf("diff --json differs from the human diff: %v\n%q", err, dr.Diff)
+	}
+
+	// git apply on a copy of the workspace. A binary notice carries no
+	// content, so git cannot apply those parts: they are excluded, and
+	// must be left alone.
+	cp := t.TempDir()
+	mustRun(t, cmdSpec{}, "cp", "-a", m.ws+"/.", cp)
+	patch := filepath.Join(t.TempDir(), "staged.diff")
+	if err := os.WriteFile(patch, []byte(d), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gitEnv := cmdSpec{dir: cp, env: []string{"GIT_CONFIG_GLOBAL=/dev/null", "GIT_CONFIG_NOSYSTEM=1"}}
+	mustRun(t, gitEnv, "git", "init", "-q", ".")
+	// git itself reads the created random file as binary ("-" counts).
+	if out := mustRun(t, gitEnv, "git", "apply", "--numstat", patch); !strings.Contains(out, "-\t-\trand.bin\n") {
+		t.Errorf("git apply --numstat does not count rand.bin as binary:\n%s", out)
+	}
+	mustRun(t, gitEnv, "git", "apply", "--exclude=latin1.txt", "--exclude=rand.bin", patch)
+	assertFile(t, filepath.Join(cp, "text.txt"), textNew)
+	assertFile(t, filepath.Join(cp, "latin1.txt"), latin1Old)
+	if _, err := os.Lstat(filepath.Join(cp, "rand.bin")); !os.IsNotExist(err) {
+		t.Errorf("rand.bin exists in the copy after applying without it: %v", err)
+	}
+}
+
+// TestCLIControlCallerInJournal checks that commits, discards, mode
+// switches and patches asked for over the control socket are journaled
+// with the client's pid and command, not as pid 0.
+func TestCLIControlCallerInJournal(t *testing.T) {
+	m := mountStagefs(t, withFiles(map[string]string{"a.txt": "a\n", "b.txt": "b\n"}))
+	var before control.LogResult
+	if err := json.Unmarshal([]byte(m.mustCLI("log", "--json")), &before); err != nil {
+		t.Fatal(err)
+	}
+	var since uint64
+	if n := len(before.Records); n > 0 {
+		since = before.Records[n-1].Seq
+	}
+
+	if err := os.WriteFile(m.in("a.txt"), []byte("A\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m.mustCLI("commit", "a.txt")
+	if err := os.WriteFile(m.in("b.txt"), []byte("B\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m.mustCLI("discard")
+	m.mustCLI("mode", "immediate")
+	m.mustCLI("mode", "staged")
+	m.mustCLI("patch", "b.txt", "--expect", contentHash([]byte("b\n")), "--edit", "b=bee")
+
+	var lr control.LogResult
+	out := m.mustCLI("log", "--json", "--since", strconv.FormatUint(since, 10))
+	if err := json.Unmarshal([]byte(out), &lr); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"commit_begin": 1, "commit_end": 1, "discard": 1, "set_mode": 2, "patch": 1}
+	got := map[string]int{}
+	for _, r := range lr.Records {
+		if _, ok := want[r.Op]; !ok {
+			continue
+		}
+		got[r.Op]++
+		if r.PID == 0 || r.PID == m.daemonPid() || r.Comm != "stagefs" {
+			t.Errorf("record %d (%s): pid %d, command %q; want the stagefs client's (daemon is %d)", r.Seq, r.Op, r.PID, r.Comm, m.daemonPid())
+		}
+	}
+	for op, n := range want {
+		if got[op] != n {
+			t.Errorf("%d %s record(s) since %d, want %d\n%s", got[op], op, since, n, out)
+		}
+	}
+}
+
+// TestCLIStatusAgeAndColor checks the age column of the human status and
+// that diff --color takes only auto, always and never.
+func TestCLIStatusAgeAndColor(t *testing.T) {
+	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "old\n"}))
+	if err := os.WriteFile(m.in("f.txt"), []byte("new\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := m.mustCLI("status")
+	if !regexp.MustCompile(`(?m)^  write +f\.txt  4 B  [0-9]+s\b`).MatchString(out) {
+		t.Errorf("status lacks the entry's age (like 3s):\n%s", out)
+	}
+
+	// A bad --color is a usage error, found before looking for a daemon.
+	for name, r := range map[string]result{
+		"with a daemon":    m.cli("diff", "--color", "bogus"),
+		"without a daemon": runIn(t, cmdSpec{dir: "/"}, stagefsBin, "diff", "--color=yes"),
+	} {
+		if r.code != 2 || !strings.Contains(r.stderr, "auto, always or never") {
+			t.Errorf("diff --color with a bad value %s: exit %d, want 2 and the valid values\n%s", name, r.code, r)
+		}
+	}
+	if d := m.mustCLI("diff", "--color", "always"); !strings.Contains(d, "\x1b[32m+new") {
+		t.Errorf("diff --color always has no color:\n%q", d)
+	}
+	// Standard output is a pipe here: auto, like never, must not color.
+	for _, mode := range []string{"never", "auto"} {
+		if d := m.mustCLI("diff", "--color", mode); strings.Contains(d, "\x1b[") || !strings.Contains(d, "+new\n") {
+			t.Errorf("diff --color %s:\n%q", mode, d)
+		}
+	}
 }

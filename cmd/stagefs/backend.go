@@ -40,8 +40,21 @@ type backend struct {
 
 var _ control.Backend = (*backend)(nil)
 
-// ctlCaller marks operations the control socket makes itself.
-var ctlCaller = overlay.Caller{}
+// ctlCaller returns the engine Caller for an operation a control socket
+// client asked for: the client's pid (from SO_PEERCRED, which the server
+// puts in the request's context), so the journal records who committed,
+// discarded, switched the mode or patched, with the command name the
+// engine looks up in /proc. Uid and Gid stay 0 on purpose: the engine
+// would chown a file a patch creates to them, and a patch's file has
+// always been owned by the daemon. Without a peer (a call from inside the
+// daemon) the Caller is the zero one, as before.
+func ctlCaller(ctx context.Context) overlay.Caller {
+	peer, ok := control.PeerFrom(ctx)
+	if !ok {
+		return overlay.Caller{}
+	}
+	return overlay.Caller{Pid: peer.Pid}
+}
 
 // relPath turns a client's path (workspace-relative, or absolute under the
 // mount or the workspace) into the engine's form.
@@ -115,7 +128,7 @@ func (b *backend) SetMode(ctx context.Context, mode string) (control.SetModeResu
 	if err != nil {
 		return control.SetModeResult{}, control.Errorf(control.CodeInvalidParams, "%v", err)
 	}
-	prev, err := b.eng.SetMode(m)
+	prev, err := b.eng.SetMode(m, ctlCaller(ctx))
 	if err != nil {
 		var se *overlay.StateError
 		if errors.As(err, &se) {
@@ -153,7 +166,7 @@ func (b *backend) Commit(ctx context.Context, p control.CommitParams) (control.C
 	if err != nil {
 		return control.CommitResult{}, err
 	}
-	r := b.eng.Commit(rel, p.Force, ctlCaller)
+	r := b.eng.Commit(rel, p.Force, ctlCaller(ctx))
 	res := control.CommitResult{Committed: nonNil(r.Committed), Conflicts: []control.Conflict{}, Failed: []control.Failure{}}
 	var conflicted []string
 	for _, c := range r.Conflicts {
@@ -206,7 +219,7 @@ func (b *backend) Discard(ctx context.Context, paths []string) (control.DiscardR
 	if err != nil {
 		return control.DiscardResult{}, err
 	}
-	done := b.eng.Discard(rel, ctlCaller)
+	done := b.eng.Discard(rel, ctlCaller(ctx))
 	b.fs.Invalidate(done)
 	if len(done) > 0 {
 		b.publish(control.Event{Kind: "discarded", Paths: done})
@@ -278,7 +291,7 @@ func (b *backend) SafeTextPatch(ctx context.Context, p control.SafeTextPatchPara
 		want = "sha256:" + want
 	}
 	var res control.SafeTextPatchResult
-	err = b.eng.PatchFile(rel, ctlCaller, func(cur []byte, exists bool) ([]byte, bool, error) {
+	err = b.eng.PatchFile(rel, ctlCaller(ctx), func(cur []byte, exists bool) ([]byte, bool, error) {
 		curHash := ""
 		if exists {
 			curHash = contentHash(cur)

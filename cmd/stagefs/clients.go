@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 
 	"stagefs/control"
 )
@@ -136,9 +137,24 @@ func runStatus(ctx context.Context, args []string) error {
 		if e.PID != 0 {
 			who = fmt.Sprintf("  (%s[%d])", e.Comm, e.PID)
 		}
-		fmt.Printf("  %-9s %s  %s%s\n", e.Kind, what, humanBytes(e.Bytes), who)
+		fmt.Printf("  %-9s %s  %s  %s%s\n", e.Kind, what, humanBytes(e.Bytes), shortAge(e.AgeMs), who)
 	}
 	return nil
+}
+
+// shortAge writes how long ago a change was staged in one unit, rounded
+// down, so the column stays short: 45s, 3m, 2h, 5d.
+func shortAge(ms int64) string {
+	d := time.Duration(max(ms, 0)) * time.Millisecond
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", d/time.Second)
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", d/time.Minute)
+	case d < 24*time.Hour:
+		return fmt.Sprintf("%dh", d/time.Hour)
+	}
+	return fmt.Sprintf("%dd", d/(24*time.Hour))
 }
 
 func humanBytes(n int64) string {
@@ -153,10 +169,27 @@ func humanBytes(n int64) string {
 	return fmt.Sprintf("%d B", n)
 }
 
+// colorFlag is the value of diff's --color. Checking it in Set makes a bad
+// value a flag parse error, which parseClient reports as a usage error
+// before it tries to reach the daemon.
+type colorFlag string
+
+func (c *colorFlag) String() string { return string(*c) }
+func (c *colorFlag) Type() string   { return "auto|always|never" }
+
+func (c *colorFlag) Set(v string) error {
+	switch v {
+	case "auto", "always", "never":
+		*c = colorFlag(v)
+		return nil
+	}
+	return fmt.Errorf("want auto, always or never")
+}
+
 func runDiff(ctx context.Context, args []string) error {
-	var color string
+	color := colorFlag("auto")
 	cf, paths, c, err := parseClient("diff", args, func(fs *pflag.FlagSet) {
-		fs.StringVar(&color, "color", "auto", "color the diff: auto, always or never")
+		fs.Var(&color, "color", "color the diff: auto (on a terminal), always or never")
 	})
 	if err != nil {
 		return err
@@ -191,9 +224,12 @@ func runDiff(ctx context.Context, args []string) error {
 	return nil
 }
 
+// isTerminal reports whether f is a terminal. Being a character device is
+// not enough (/dev/null is one, and "stagefs diff >/dev/null" must not
+// color); only a terminal answers the TCGETS ioctl.
 func isTerminal(f *os.File) bool {
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }
 
 func runCommit(ctx context.Context, args []string) error {

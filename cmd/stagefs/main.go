@@ -53,7 +53,7 @@ func init() {
 		{"mount", "mount WORKSPACE MOUNTPOINT: lay a staged overlay over WORKSPACE at MOUNTPOINT", runMount},
 		{"unmount", "unmount MOUNTPOINT: unmount; the pending set is kept", runUnmount},
 		{"status", "status [PATH...]: list pending changes", runStatus},
-		{"diff", "diff [PATH...]: unified diff of pending changes (git apply compatible)", runDiff},
+		{"diff", "diff [PATH...] [--color auto|always|never]: unified diff of pending changes (git apply compatible)", runDiff},
 		{"commit", "commit [PATH...] [--force]: apply pending changes to the workspace", runCommit},
 		{"discard", "discard [PATH...]: drop pending changes", runDiscard},
 		{"mode", "mode [staged|immediate]: show or switch the write mode", runMode},

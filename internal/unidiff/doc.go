@@ -13,6 +13,11 @@
 //     is followed by "\ No newline at end of file";
 //   - content with a NUL byte in its first 8000 bytes is treated as binary
 //     and only reported as "Binary files a/P and b/P differ";
+//   - so is content that is not valid UTF-8 anywhere (Latin-1 text, random
+//     bytes), which git would show as text: the diff is carried in JSON
+//     strings, where invalid bytes become U+FFFD, so showing such content
+//     as text would make "git apply" write different bytes. Write's output
+//     is therefore always valid UTF-8 and never lossy;
 //   - symbolic links (mode 0120000) are diffed as their target text, which
 //     has no trailing newline;
 //   - paths are quoted the way git quotes them with core.quotePath enabled.

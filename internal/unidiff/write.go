@@ -8,6 +8,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // FileChange describes one path's change.
@@ -50,8 +51,9 @@ const binaryProbeSize = 8000
 // For each change Write emits a "diff --git a/P b/P" line, then as needed
 // "new file mode", "deleted file mode", "old mode"/"new mode" and
 // "rename from"/"rename to" lines, and then either "Binary files ...
-// differ" (when either side has a NUL byte in its first 8000 bytes) or
-// "---"/"+++" lines with "@@" hunks of DefaultContext lines of context.
+// differ" (when either side has a NUL byte in its first 8000 bytes or is
+// not valid UTF-8) or "---"/"+++" lines with "@@" hunks of DefaultContext
+// lines of context. The output is always valid UTF-8.
 // A change between a regular file and a symlink is written as a deletion
 // followed by a creation, because git cannot express it in one header.
 func Write(w io.Writer, changes []FileChange) error {
@@ -210,13 +212,21 @@ func fileLabelEnd(label string) string {
 	return "\n"
 }
 
-// isBinary reports whether data looks binary the way git decides it: a NUL
-// byte within the first 8000 bytes.
+// isBinary reports whether data must be shown as binary: when it has a NUL
+// byte within the first 8000 bytes (git's rule), or when any of it is not
+// valid UTF-8. The second rule is stagefs's own: a diff travels as a JSON
+// string, and encoding/json replaces every invalid byte with U+FFFD, so a
+// Latin-1 or random-bytes file shown as text would reach "git apply" as
+// different bytes and be applied wrong without a word.
 func isBinary(data []byte) bool {
-	if len(data) > binaryProbeSize {
-		data = data[:binaryProbeSize]
+	probe := data
+	if len(probe) > binaryProbeSize {
+		probe = probe[:binaryProbeSize]
 	}
-	return bytes.IndexByte(data, 0) >= 0
+	if bytes.IndexByte(probe, 0) >= 0 {
+		return true
+	}
+	return !utf8.Valid(data)
 }
 
 // quotePath returns name as git writes it with core.quotePath enabled (the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // The expected outputs below were checked against "git diff --cached" for
@@ -464,6 +465,77 @@ func TestWriteInvalid(t *testing.T) {
 				t.Fatalf("wrote %q before failing", buf.String())
 			}
 		})
+	}
+}
+
+// TestWriteNonUTF8IsBinary checks that content which is not valid UTF-8
+// is reported as binary and never written as text: the diff is carried in
+// a JSON string, where invalid bytes would turn into U+FFFD and "git
+// apply" would then write a different file.
+func TestWriteNonUTF8IsBinary(t *testing.T) {
+	latin1Old := []byte("caf\xe9\nna\xefve\n")     // "café", "naïve" in Latin-1
+	latin1New := []byte("caf\xe9\nna\xefve!\n")    // one line changed
+	random := []byte{0x8f, 0xff, 0x41, 0xc3, 0x0a} // no NUL, not UTF-8
+	late := []byte(strings.Repeat("y\n", 5000) + "\xfe\n")
+	tests := []struct {
+		name string
+		c    FileChange
+		want string
+	}{
+		{
+			name: "Latin-1 modified",
+			c:    FileChange{Path: "l1.txt", Old: latin1Old, New: latin1New, OldMode: 0100644, NewMode: 0100644},
+			want: "diff --git a/l1.txt b/l1.txt\nBinary files a/l1.txt and b/l1.txt differ\n",
+		},
+		{
+			name: "random bytes created",
+			c:    FileChange{Path: "r.bin", New: random, NewMode: 0100644},
+			want: "diff --git a/r.bin b/r.bin\nnew file mode 100644\nBinary files /dev/null and b/r.bin differ\n",
+		},
+		{
+			name: "text becomes Latin-1",
+			c:    FileChange{Path: "t", Old: []byte("cafe\n"), New: latin1Old, OldMode: 0100644, NewMode: 0100644},
+			want: "diff --git a/t b/t\nBinary files a/t and b/t differ\n",
+		},
+		{
+			name: "Latin-1 deleted",
+			c:    FileChange{Path: "d", Old: latin1Old, OldMode: 0100644},
+			want: "diff --git a/d b/d\ndeleted file mode 100644\nBinary files a/d and /dev/null differ\n",
+		},
+		{
+			// git looks only at the first 8000 bytes for NUL; an invalid
+			// byte anywhere must count.
+			name: "invalid byte after the first 8000",
+			c:    FileChange{Path: "late", Old: []byte("y\n"), New: late, OldMode: 0100644, NewMode: 0100644},
+			want: "diff --git a/late b/late\nBinary files a/late and b/late differ\n",
+		},
+		{
+			name: "symlink to a Latin-1 name",
+			c:    FileChange{Path: "lnk", New: []byte("caf\xe9"), NewMode: 0120000},
+			want: "diff --git a/lnk b/lnk\nnew file mode 120000\nBinary files /dev/null and b/lnk differ\n",
+		},
+	}
+	for _, tt := range tests {
+		var buf bytes.Buffer
+		if err := Write(&buf, []FileChange{tt.c}); err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if got := buf.String(); got != tt.want {
+			t.Errorf("%s: got\n%q\nwant\n%q", tt.name, got, tt.want)
+		}
+		if !utf8.Valid(buf.Bytes()) {
+			t.Errorf("%s: output is not valid UTF-8: %q", tt.name, buf.String())
+		}
+	}
+
+	// Valid multi-byte UTF-8 is still text.
+	var buf bytes.Buffer
+	c := FileChange{Path: "u.txt", Old: []byte("café\n"), New: []byte("naïve\n"), OldMode: 0100644, NewMode: 0100644}
+	if err := Write(&buf, []FileChange{c}); err != nil {
+		t.Fatal(err)
+	}
+	if want := "diff --git a/u.txt b/u.txt\n--- a/u.txt\n+++ b/u.txt\n@@ -1 +1 @@\n-café\n+naïve\n"; buf.String() != want {
+		t.Errorf("UTF-8 text: got\n%q\nwant\n%q", buf.String(), want)
 	}
 }
 
