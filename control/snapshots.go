@@ -47,6 +47,11 @@ type SnapshotInfo struct {
 	Open       bool     `json:"open"`
 	Paths      []string `json:"paths"`
 	Bytes      int64    `json:"bytes"`
+	Workspace  string   `json:"workspace,omitempty"`
+	// Uncaptured names paths that changed while the snapshot was open but
+	// whose pre-image could not be stored: the snapshot is incomplete.
+	Uncaptured []string `json:"uncaptured,omitempty"`
+	Incomplete bool     `json:"incomplete,omitempty"`
 }
 
 // ScopeParams names a snapshot by its scope id.

@@ -780,3 +780,32 @@ func TestSnapshotThousandFiles(t *testing.T) {
 		t.Errorf("pending after restore: %+v", st.Entries[:min(len(st.Entries), 5)])
 	}
 }
+
+// `stagefs exec -C DIR` refuses a directory outside the mount (the command's
+// writes would be neither staged nor captured) with the usage exit code,
+// and opens no snapshot; a directory inside runs there. The snapshot list
+// carries the workspace each snapshot was taken of.
+func TestExecDirMustBeInsideMount(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"sub/f.txt": "f\n"}))
+	outside := t.TempDir()
+	r := runStagefs(t, "exec", "-m", m.mnt, "--scope", "outside", "-C", outside, "--", "sh", "-c", "echo x > y.txt")
+	if r.code != 2 || !strings.Contains(r.stderr, "not inside the mount") {
+		t.Errorf("exec -C outside the mount: %s; want exit 2 naming the mount", r)
+	}
+	if _, err := os.Stat(filepath.Join(outside, "y.txt")); err == nil {
+		t.Errorf("the command ran outside the mount")
+	}
+	if _, ok := m.snapshotsByScope()["outside"]; ok {
+		t.Errorf("a refused exec opened a snapshot")
+	}
+
+	if r := runStagefs(t, "exec", "-m", m.mnt, "--scope", "inside", "-C", m.in("sub"), "--", "sh", "-c", "echo g > g.txt"); r.code != 0 {
+		t.Fatalf("exec -C inside the mount: %s", r)
+	}
+	assertFile(t, m.in("sub/g.txt"), "g\n")
+	s := m.snapshotInfo("inside")
+	if !contains(s.Paths, "sub/g.txt") || s.Workspace != m.ws {
+		t.Errorf("snapshot inside = %+v, want sub/g.txt captured and workspace %s", s, m.ws)
+	}
+}

@@ -190,6 +190,13 @@ func runExec(ctx context.Context, args []string) error {
 	} else if dir, err = filepath.Abs(dir); err != nil {
 		return err
 	}
+	// The command's writes are what the scope is for: a directory outside
+	// the mount would stage nothing and capture nothing.
+	if real, err := filepath.EvalSymlinks(dir); err != nil {
+		return fmt.Errorf("exec: -C %s: %w", dir, err)
+	} else if !within(real, init.Mount) {
+		return usagef("exec: -C %s is not inside the mount %s", dir, init.Mount)
+	}
 	if _, err := c.Snapshot(ctx, control.SnapshotParams{ScopeID: scope, Pid: os.Getpid()}); err != nil {
 		return err
 	}

@@ -29,6 +29,7 @@ func snapshotInfo(i snapshot.Info) control.SnapshotInfo {
 		SnapshotID: i.ID, ScopeID: i.ScopeID, Turn: i.Turn, Pid: i.Pid,
 		Created: time.Unix(0, i.Created).UTC().Format(time.RFC3339Nano),
 		Open:    !i.Closed, Paths: paths, Bytes: i.Bytes,
+		Workspace: i.Workspace, Uncaptured: i.Uncaptured, Incomplete: len(i.Uncaptured) > 0,
 	}
 }
 
