@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -382,6 +383,12 @@ func namespaceRefused(err error) bool {
 // child before exec and makes / private there), then — for everyone — a
 // user namespace mapping only the caller's uid and gid, which lets an
 // unprivileged user mount inside it.
+//
+// In the user namespace the child keeps the caller's uid, so the command
+// runs as the caller. A process that is not uid 0 loses its capabilities
+// when it execs, the new namespace's included, so __run-child could not
+// mount: CAP_SYS_ADMIN is kept across that exec as an ambient capability,
+// and __run-child drops it again before it execs the command.
 func namespaceAttrs() []*syscall.SysProcAttr {
 	var out []*syscall.SysProcAttr
 	if os.Geteuid() == 0 {
@@ -393,8 +400,33 @@ func namespaceAttrs() []*syscall.SysProcAttr {
 		UidMappings:                []syscall.SysProcIDMap{{ContainerID: uid, HostID: uid, Size: 1}},
 		GidMappings:                []syscall.SysProcIDMap{{ContainerID: gid, HostID: gid, Size: 1}},
 		GidMappingsEnableSetgroups: false,
+		AmbientCaps:                []uintptr{unix.CAP_SYS_ADMIN},
 	})
 	return out
+}
+
+// dropMountCapability undoes, for the exec that follows on this thread,
+// the ambient CAP_SYS_ADMIN that namespaceAttrs gave __run-child: without
+// it in the ambient and inheritable sets, a command that is not uid 0
+// starts with no capabilities and cannot unmount the staged view or the
+// tmpfs over the state dir. Capabilities belong to a thread, so the caller
+// must hold the thread (runtime.LockOSThread) until it execs.
+func dropMountCapability() error {
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_LOWER, unix.CAP_SYS_ADMIN, 0, 0); err != nil && !errors.Is(err, syscall.EINVAL) {
+		// EINVAL: a kernel without ambient capabilities, which then gave
+		// none.
+		return fmt.Errorf("drop the ambient CAP_SYS_ADMIN: %v", err)
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("read the capabilities: %v", err)
+	}
+	data[unix.CAP_SYS_ADMIN/32].Inheritable &^= 1 << (unix.CAP_SYS_ADMIN % 32)
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("drop the inheritable CAP_SYS_ADMIN: %v", err)
+	}
+	return nil
 }
 
 // forwardSignal decides whether a signal run received goes on to the
@@ -522,6 +554,11 @@ func runChild(ctx context.Context, args []string) error {
 	case s := <-sigs:
 		return fail(128+int(s.(syscall.Signal)), "%s arrived before %s started", s, argv[0])
 	default:
+	}
+	// The thread that drops the capability must be the one that execs.
+	runtime.LockOSThread()
+	if err := dropMountCapability(); err != nil {
+		return fail(exitError, "%v", err)
 	}
 	signal.Reset()
 	err = syscall.Exec(path, argv, env)
