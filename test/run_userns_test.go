@@ -1,7 +1,8 @@
 package test
 
 // stagefs run as a user other than root, which takes the user-namespace
-// path of cmd/stagefs/run.go.
+// path of cmd/stagefs/run.go, and stagefs run where no namespace can be
+// made at all.
 
 import (
 	"bufio"
@@ -289,4 +290,48 @@ ls -A`
 		t.Errorf("pending after restoring tc1: %v", statusKinds(st))
 	}
 	assertSameTree(t, "the real workspace at the end", before, snapshot(t, ws))
+}
+
+// Where neither namespace can be made, run says what is missing and starts
+// nothing. Provoked without touching the machine: root gives up
+// CAP_SYS_ADMIN (so no plain mount namespace) inside a user namespace of
+// its own whose user.max_user_namespaces is 0 (so no nested user
+// namespace); the sysctl is per user namespace, and that one ends with the
+// command.
+func TestRunWithoutNamespaces(t *testing.T) {
+	parallel(t)
+	requireTool(t, "unshare")
+	requireTool(t, "setpriv")
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to map uid 0 in a user namespace and reach root's daemon")
+	}
+	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "f\n"}))
+	limit, err := os.ReadFile("/proc/sys/user/max_user_namespaces")
+	if err != nil {
+		t.Skipf("no user namespaces here: %v", err)
+	}
+	script := `echo 0 > /proc/sys/user/max_user_namespaces || exit 99
+exec setpriv --bounding-set=-sys_admin --inh-caps=-sys_admin -- "$@"`
+	r := runIn(t, cmdSpec{dir: m.ws}, "unshare", "--user", "--map-root-user", "--", "sh", "-c", script, "sh",
+		stagefsBin, "run", "-m", m.mnt, "--scope", "tc1", "--", "touch", "new.txt")
+	if r.code == 99 || (r.code != 0 && strings.Contains(r.stderr, "unshare failed")) {
+		t.Skipf("cannot make a user namespace with its own limit here: %s", r)
+	}
+	for _, want := range []string{"cannot create a private mount namespace", "no CAP_SYS_ADMIN",
+		"user.max_user_namespaces is 0 or reached", "kernel.unprivileged_userns_clone=1"} {
+		if r.code != 1 || !strings.Contains(r.stderr, want) {
+			t.Errorf("run without namespaces: want exit 1 and a message with %q, got %s", want, r)
+		}
+	}
+	assertMissing(t, m.in("new.txt"))
+	if st := m.status(); st.PendingCount != 0 {
+		t.Errorf("pending after a run that could not start: %v", statusKinds(st))
+	}
+	// The snapshot opened for the tool call is dropped, not left open.
+	if out := m.mustCLI("snapshots"); strings.Contains(out, "tc1") {
+		t.Errorf("the snapshot of a run that could not start is still there:\n%s", out)
+	}
+	if now, _ := os.ReadFile("/proc/sys/user/max_user_namespaces"); string(now) != string(limit) {
+		t.Errorf("user.max_user_namespaces of the machine changed from %q to %q", limit, now)
+	}
 }

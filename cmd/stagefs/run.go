@@ -294,7 +294,7 @@ func isStagedDir(dir, ws, mnt string) bool {
 // namespace setup failed inside) is reported on stderr and in res, with
 // its status (127, 126 or 1).
 func startInNamespace(args []string, res *runResult) (int, error) {
-	var lastErr error
+	var refusals []string // why each way of making the namespace failed
 	for _, attr := range namespaceAttrs() {
 		r, w, err := os.Pipe()
 		if err != nil {
@@ -322,7 +322,7 @@ func startInNamespace(args []string, res *runResult) (int, error) {
 			if !namespaceRefused(err) {
 				return 0, fmt.Errorf("start %s: %w", runChildCommand, err)
 			}
-			lastErr = err
+			refusals = append(refusals, namespaceRefusal(attr, err))
 			continue
 		}
 		done := make(chan struct{})
@@ -364,7 +364,26 @@ func startInNamespace(args []string, res *runResult) (int, error) {
 		}
 		return code, nil
 	}
-	return 0, fmt.Errorf("cannot create a private mount namespace (%v): stagefs run needs root (CAP_SYS_ADMIN) or unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0)", lastErr)
+	return 0, fmt.Errorf("cannot create a private mount namespace (%s): stagefs run needs root with CAP_SYS_ADMIN, or user namespaces that this user may create (sysctl kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0; in a container, a seccomp profile that allows them)",
+		strings.Join(refusals, "; "))
+}
+
+// namespaceRefusal says which namespace the kernel refused and, for the
+// errors that name no cause (EPERM, ENOSPC), the likely one.
+func namespaceRefusal(attr *syscall.SysProcAttr, err error) string {
+	if attr.Cloneflags&syscall.CLONE_NEWUSER == 0 {
+		if errors.Is(err, syscall.EPERM) {
+			return fmt.Sprintf("a mount namespace: %v, no CAP_SYS_ADMIN", err)
+		}
+		return fmt.Sprintf("a mount namespace: %v", err)
+	}
+	switch {
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EUSERS):
+		return fmt.Sprintf("a user namespace: %v, the limit user.max_user_namespaces is 0 or reached", err)
+	case errors.Is(err, syscall.EPERM):
+		return fmt.Sprintf("a user namespace: %v, unprivileged ones are disabled, filtered by seccomp or refused in a chroot", err)
+	}
+	return fmt.Sprintf("a user namespace: %v", err)
 }
 
 // namespaceRefused reports whether a failed start means the kernel would
