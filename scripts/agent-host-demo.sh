@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Plays an agent host end to end on a throwaway git repository: mount it,
-# run three tool calls with `stagefs run --scope` (an edit, a build, a
-# careless rm -rf), look at status and diff, undo the third tool call alone,
-# commit the rest, and check with git that the workspace got exactly the
-# edit and the build output. Exits non-zero with a message if it did not.
+# run three tool calls with `stagefs run --scope` (an edit with sed -i, a
+# build with cc, a careless rm -rf), look at status and diff, undo the
+# third tool call alone, commit the rest, and check with git that the
+# workspace got exactly the edit and the build output. Exits non-zero with
+# a message if it did not. It is the README's worked example, and CI runs
+# it (TestAgentHostDemo).
 #
 # The stagefs binary is $STAGEFS; without it, one is built from this
 # repository into the temp dir. Needs /dev/fuse, root (or unprivileged user
-# namespaces and fusermount3), git and sh.
+# namespaces and fusermount3), git, cc and sh.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,11 +44,17 @@ export GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1 LC_ALL=C
 export GIT_AUTHOR_NAME=demo GIT_AUTHOR_EMAIL=demo@example.com
 export GIT_COMMITTER_NAME=demo GIT_COMMITTER_EMAIL=demo@example.com
 unset STAGEFS_SOCKET
+command -v cc >/dev/null || fail "no C compiler (cc) for the build step; scripts/setup installs gcc"
 
 step "a small git repository"
 mkdir -p "$ws/src" "$mnt"
-printf 'greeting = hello\n' >"$ws/src/a.txt"
-printf 'name = world\n' >"$ws/src/b.txt"
+printf '#define GREETING "hello"\n' >"$ws/src/greeting.h"
+cat >"$ws/src/main.c" <<'C'
+#include <stdio.h>
+#include "greeting.h"
+
+int main(void) { puts(GREETING ", world"); return 0; }
+C
 printf '# demo\n' >"$ws/README.md"
 git -C "$ws" init -q
 git -C "$ws" add -A
@@ -60,16 +68,17 @@ step "mount the staged view"
 cd "$ws"
 
 step "tc1: an edit (sed -i)"
-"$STAGEFS" run -m "$mnt" --scope tc1 -- sed -i 's/hello/hello, staged/' src/a.txt
+"$STAGEFS" run -m "$mnt" --scope tc1 -- sed -i 's/hello/hello, staged/' src/greeting.h
 
-step "tc2: a build that writes output"
-"$STAGEFS" run -m "$mnt" --scope tc2 -- sh -c 'echo "building in $(pwd)"; mkdir -p out && cat src/*.txt > out/bundle.txt'
+step "tc2: a build that writes output (cc), then runs it"
+"$STAGEFS" run -m "$mnt" --scope tc2 -- sh -c 'mkdir -p out && cc -o out/hello src/main.c && out/hello'
 
 step "tc3: a careless rm -rf src"
 "$STAGEFS" run -m "$mnt" --scope tc3 -- rm -rf src
 
-[ -f "$ws/src/a.txt" ] || fail "the real workspace lost src/a.txt before any commit"
-[ "$(cat "$ws/src/a.txt")" = "greeting = hello" ] || fail "the real workspace changed before any commit"
+[ -f "$ws/src/main.c" ] || fail "the real workspace lost src/main.c before any commit"
+[ ! -e "$ws/out" ] || fail "the build wrote into the real workspace before any commit"
+[ "$(cat "$ws/src/greeting.h")" = '#define GREETING "hello"' ] || fail "the real workspace changed before any commit"
 
 step "stagefs status"
 "$STAGEFS" status -m "$mnt"
@@ -92,15 +101,16 @@ cd /
 "$STAGEFS" unmount "$mnt" >/dev/null
 
 # The check: exactly the sed edit and the build output, src intact.
-want=$(printf ' M src/a.txt\n?? out/')
+want=$(printf ' M src/greeting.h\n?? out/')
 [ "$status" = "$want" ] || fail "git status --short is
 $status
 want
 $want"
-[ "$(cat "$ws/src/a.txt")" = "greeting = hello, staged" ] || fail "src/a.txt = $(cat "$ws/src/a.txt")"
-[ "$(cat "$ws/src/b.txt")" = "name = world" ] || fail "src/b.txt = $(cat "$ws/src/b.txt")"
-[ "$(cat "$ws/out/bundle.txt")" = "$(printf 'greeting = hello, staged\nname = world')" ] ||
-	fail "out/bundle.txt = $(cat "$ws/out/bundle.txt")"
-git -C "$ws" diff --quiet -- README.md src/b.txt || fail "unrelated files changed"
+[ "$(cat "$ws/src/greeting.h")" = '#define GREETING "hello, staged"' ] ||
+	fail "src/greeting.h = $(cat "$ws/src/greeting.h")"
+# The committed program is the one built from the staged edit.
+hello=$("$ws/out/hello") || fail "the committed out/hello does not run"
+[ "$hello" = "hello, staged, world" ] || fail "out/hello prints $hello"
+git -C "$ws" diff --quiet -- README.md src/main.c || fail "unrelated files changed"
 
 printf '\nagent-host-demo: OK\n'

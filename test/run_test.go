@@ -359,6 +359,7 @@ func TestRunWorkdir(t *testing.T) {
 func TestAgentHostDemo(t *testing.T) {
 	requireFUSE(t)
 	requireTool(t, "git")
+	requireTool(t, "cc") // the demo's build step
 	parallel(t)
 	script, err := filepath.Abs("../scripts/agent-host-demo.sh")
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -293,7 +294,7 @@ func isStagedDir(dir, ws, mnt string) bool {
 // namespace setup failed inside) is reported on stderr and in res, with
 // its status (127, 126 or 1).
 func startInNamespace(args []string, res *runResult) (int, error) {
-	var lastErr error
+	var refusals []string // why each way of making the namespace failed
 	for _, attr := range namespaceAttrs() {
 		r, w, err := os.Pipe()
 		if err != nil {
@@ -321,7 +322,7 @@ func startInNamespace(args []string, res *runResult) (int, error) {
 			if !namespaceRefused(err) {
 				return 0, fmt.Errorf("start %s: %w", runChildCommand, err)
 			}
-			lastErr = err
+			refusals = append(refusals, namespaceRefusal(attr, err))
 			continue
 		}
 		done := make(chan struct{})
@@ -363,7 +364,26 @@ func startInNamespace(args []string, res *runResult) (int, error) {
 		}
 		return code, nil
 	}
-	return 0, fmt.Errorf("cannot create a private mount namespace (%v): stagefs run needs root (CAP_SYS_ADMIN) or unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0)", lastErr)
+	return 0, fmt.Errorf("cannot create a private mount namespace (%s): stagefs run needs root with CAP_SYS_ADMIN, or user namespaces that this user may create (sysctl kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0; in a container, a seccomp profile that allows them)",
+		strings.Join(refusals, "; "))
+}
+
+// namespaceRefusal says which namespace the kernel refused and, for the
+// errors that name no cause (EPERM, ENOSPC), the likely one.
+func namespaceRefusal(attr *syscall.SysProcAttr, err error) string {
+	if attr.Cloneflags&syscall.CLONE_NEWUSER == 0 {
+		if errors.Is(err, syscall.EPERM) {
+			return fmt.Sprintf("a mount namespace: %v, no CAP_SYS_ADMIN", err)
+		}
+		return fmt.Sprintf("a mount namespace: %v", err)
+	}
+	switch {
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EUSERS):
+		return fmt.Sprintf("a user namespace: %v, the limit user.max_user_namespaces is 0 or reached", err)
+	case errors.Is(err, syscall.EPERM):
+		return fmt.Sprintf("a user namespace: %v, unprivileged ones are disabled, filtered by seccomp or refused in a chroot", err)
+	}
+	return fmt.Sprintf("a user namespace: %v", err)
 }
 
 // namespaceRefused reports whether a failed start means the kernel would
@@ -382,6 +402,12 @@ func namespaceRefused(err error) bool {
 // child before exec and makes / private there), then — for everyone — a
 // user namespace mapping only the caller's uid and gid, which lets an
 // unprivileged user mount inside it.
+//
+// In the user namespace the child keeps the caller's uid, so the command
+// runs as the caller. A process that is not uid 0 loses its capabilities
+// when it execs, the new namespace's included, so __run-child could not
+// mount: CAP_SYS_ADMIN is kept across that exec as an ambient capability,
+// and __run-child drops it again before it execs the command.
 func namespaceAttrs() []*syscall.SysProcAttr {
 	var out []*syscall.SysProcAttr
 	if os.Geteuid() == 0 {
@@ -393,8 +419,33 @@ func namespaceAttrs() []*syscall.SysProcAttr {
 		UidMappings:                []syscall.SysProcIDMap{{ContainerID: uid, HostID: uid, Size: 1}},
 		GidMappings:                []syscall.SysProcIDMap{{ContainerID: gid, HostID: gid, Size: 1}},
 		GidMappingsEnableSetgroups: false,
+		AmbientCaps:                []uintptr{unix.CAP_SYS_ADMIN},
 	})
 	return out
+}
+
+// dropMountCapability undoes, for the exec that follows on this thread,
+// the ambient CAP_SYS_ADMIN that namespaceAttrs gave __run-child: without
+// it in the ambient and inheritable sets, a command that is not uid 0
+// starts with no capabilities and cannot unmount the staged view or the
+// tmpfs over the state dir. Capabilities belong to a thread, so the caller
+// must hold the thread (runtime.LockOSThread) until it execs.
+func dropMountCapability() error {
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_LOWER, unix.CAP_SYS_ADMIN, 0, 0); err != nil && !errors.Is(err, syscall.EINVAL) {
+		// EINVAL: a kernel without ambient capabilities, which then gave
+		// none.
+		return fmt.Errorf("drop the ambient CAP_SYS_ADMIN: %v", err)
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("read the capabilities: %v", err)
+	}
+	data[unix.CAP_SYS_ADMIN/32].Inheritable &^= 1 << (unix.CAP_SYS_ADMIN % 32)
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("drop the inheritable CAP_SYS_ADMIN: %v", err)
+	}
+	return nil
 }
 
 // forwardSignal decides whether a signal run received goes on to the
@@ -522,6 +573,11 @@ func runChild(ctx context.Context, args []string) error {
 	case s := <-sigs:
 		return fail(128+int(s.(syscall.Signal)), "%s arrived before %s started", s, argv[0])
 	default:
+	}
+	// The thread that drops the capability must be the one that execs.
+	runtime.LockOSThread()
+	if err := dropMountCapability(); err != nil {
+		return fail(exitError, "%v", err)
 	}
 	signal.Reset()
 	err = syscall.Exec(path, argv, env)
