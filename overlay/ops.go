@@ -835,7 +835,9 @@ func (e *Engine) whiteoutAt(p string, b Baseline, c Caller) error {
 	}
 	m := &meta{Kind: KindWhiteout, Base: b, Pid: c.Pid, Time: time.Now().UnixNano()}
 	tmp := e.tmpName()
-	fd, err := unix.Openat(e.workFd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0)
+	// Mode 0600, not 0: setting a user xattr needs write permission on
+	// the inode, which a daemon that is not root lacks on a mode-0 file.
+	fd, err := unix.Openat(e.workFd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
 	}

@@ -207,16 +207,14 @@ func TestRunUnprivileged(t *testing.T) {
 		}
 	}
 
-	// Writes through the workspace path are staged; the real workspace is
-	// unchanged. (No delete here: a daemon that is not root cannot stage
-	// one yet, as overlay's whiteoutAt makes the whiteout with mode 0 and
-	// then may not set its xattr.)
-	r := u.run(ws, "--scope", "tc1", "--", "sh", "-c", `echo two >> f.txt && echo new > new.txt && mkdir sub/d && echo e > sub/d/e.txt`)
-	if r.code != 0 || !strings.Contains(r.stderr, "tc1 touched 4 path(s)") {
+	// Writes and deletes through the workspace path are staged; the real
+	// workspace is unchanged.
+	r := u.run(ws, "--scope", "tc1", "--", "sh", "-c", `echo two >> f.txt && echo new > new.txt && mkdir sub/d && echo e > sub/d/e.txt && rm sub/g.txt`)
+	if r.code != 0 || !strings.Contains(r.stderr, "tc1 touched 5 path(s)") {
 		t.Fatalf("a tool call as uid %s: %s", u.uid, r)
 	}
 	kinds := statusKinds(u.userStatus())
-	if kinds["f.txt"] != "write" || kinds["new.txt"] != "create" || kinds["sub/d/e.txt"] != "create" || len(kinds) != 4 {
+	if kinds["f.txt"] != "write" || kinds["new.txt"] != "create" || kinds["sub/d/e.txt"] != "create" || kinds["sub/g.txt"] != "delete" || len(kinds) != 5 {
 		t.Errorf("pending after the tool call: %v", kinds)
 	}
 	if r := u.run(ws, "--", "cat", "f.txt", ws+"/new.txt", "sub/d/e.txt"); r.code != 0 || r.stdout != "one\ntwo\nnew\ne\n" {
