@@ -661,12 +661,18 @@ func (s *Store) enforceCapLocked(extra int64) error {
 // makeRoomLocked makes room under the byte cap for body h of size bytes,
 // about to be referenced. A body some snapshot refers to already costs
 // nothing; otherwise closed snapshots are evicted, oldest first, until it
-// fits. When it can not fit (open snapshots hold the rest), the body is
-// removed unless a PutBody not yet passed to Add holds it, and the error is
-// ErrOverCap: the caller marks the path uncaptured.
+// fits. When it can not fit even with every closed snapshot gone (open
+// snapshots hold the rest), nothing is evicted, the body is removed unless
+// a PutBody not yet passed to Add holds it, and the error is ErrOverCap:
+// the caller marks the path uncaptured.
 func (s *Store) makeRoomLocked(h string, size int64) error {
 	if s.byteCap < 0 || s.refs[h] != nil || s.total+size <= s.byteCap {
 		return nil
+	}
+	if open := s.openBytesLocked(); open+size > s.byteCap {
+		// Evicting every closed snapshot would not make room: keep them.
+		s.removeUnpinnedLocked(h)
+		return fmt.Errorf("%w: %d bytes, with %d of %d held by open snapshots", ErrOverCap, size, open, s.byteCap)
 	}
 	// Pinned while closed snapshots go, so that their GC leaves it.
 	s.pins[h]++
@@ -678,12 +684,38 @@ func (s *Store) makeRoomLocked(h string, size int64) error {
 	if s.total+size <= s.byteCap {
 		return nil
 	}
-	if s.pins[h] == 0 {
-		if err := os.Remove(s.blobPath(h)); err == nil || errors.Is(err, fs.ErrNotExist) {
-			delete(s.blobs, h)
+	s.removeUnpinnedLocked(h)
+	return fmt.Errorf("%w: %d bytes, with %d of %d held by snapshots", ErrOverCap, size, s.total, s.byteCap)
+}
+
+// openBytesLocked sums the distinct bodies open snapshots refer to: what no
+// eviction can free.
+func (s *Store) openBytesLocked() int64 {
+	seen := map[string]bool{}
+	var sum int64
+	for _, sn := range s.order {
+		if sn.info.Closed {
+			continue
+		}
+		for h, size := range sn.hashes {
+			if !seen[h] {
+				seen[h] = true
+				sum += size
+			}
 		}
 	}
-	return fmt.Errorf("%w: %d bytes, with %d of %d held by open snapshots", ErrOverCap, size, s.total, s.byteCap)
+	return sum
+}
+
+// removeUnpinnedLocked removes blob h unless a snapshot refers to it or a
+// PutBody not yet passed to Add holds it.
+func (s *Store) removeUnpinnedLocked(h string) {
+	if s.refs[h] != nil || s.pins[h] > 0 {
+		return
+	}
+	if err := os.Remove(s.blobPath(h)); err == nil || errors.Is(err, fs.ErrNotExist) {
+		delete(s.blobs, h)
+	}
 }
 
 // Fits reports whether a body of size bytes could fit the byte cap at all,

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -294,11 +295,12 @@ func (b *boundShell) run(line string) {
 	}
 }
 
-// Under a small --snapshot-cap, closing tool calls' snapshots evicts the
-// oldest closed ones, in insertion order, until the bodies fit; the
-// evicted are gone from `stagefs snapshots` and their bodies from the
-// store; an open snapshot is never evicted, even when it alone holds more
-// than the cap, and it still restores.
+// Under a small --snapshot-cap, tool calls' captures evict the oldest
+// closed snapshots, in insertion order, until the bodies fit; the evicted
+// are gone from `stagefs snapshots` and their bodies from the store; an
+// open snapshot is never evicted, and a pre-image that cannot fit beside
+// the open ones is not stored (the snapshot is incomplete, the rest still
+// restores).
 func TestSnapshotEvictionUnderCap(t *testing.T) {
 	parallel(t)
 	const byteCap = 10000
@@ -368,34 +370,35 @@ func TestSnapshotEvictionUnderCap(t *testing.T) {
 	m.restoreScope("c4")
 	assertFile(t, m.in("c4.txt"), files["c4.txt"])
 
-	// Now the open snapshot alone goes over the cap: every closed one is
-	// evicted at the next close, the open one stays.
+	// A pre-image that cannot fit even with every closed snapshot gone
+	// (the open 4,000 + 9,000 > 10,000) is not stored: the write goes on,
+	// the open snapshot is marked incomplete, and nothing is evicted for
+	// nothing.
 	bs.run("echo z > big2.txt")
-	if s := m.snapshotInfo("keep"); !s.Open || s.Bytes != bigSize+big2Size {
-		t.Fatalf("snapshot keep = %+v, want open with %d bytes", s, bigSize+big2Size)
+	assertFile(t, m.in("big2.txt"), "z\n")
+	s := m.snapshotInfo("keep")
+	if !s.Open || s.Bytes != bigSize || !s.Incomplete || !reflect.DeepEqual(s.Uncaptured, []string{"big2.txt"}) {
+		t.Fatalf("snapshot keep = %+v, want open with %d bytes, incomplete, big2.txt uncaptured", s, bigSize)
 	}
-	m.mustExec("c5", "sh", "-c", "echo y > c5.txt")
-	got := present()
-	if len(got) != 1 || !got["keep"] {
-		t.Errorf("with the open snapshot over the cap, after closing c5: snapshots %v, want only keep", got)
+	if got := present(); len(got) != 3 || !got["c3"] || !got["c4"] {
+		t.Errorf("after a refused capture: snapshots %v, want keep, c3 and c4", got)
 	}
-	if s := m.snapshotInfo("keep"); !s.Open || s.Bytes != bigSize+big2Size {
-		t.Errorf("snapshot keep after the evictions = %+v", s)
-	}
-	if _, size := blobBytes(t, m.state); size != bigSize+big2Size {
-		t.Errorf("the store holds %d bytes of bodies, want the open snapshot's %d", size, bigSize+big2Size)
+	if _, size := blobBytes(t, m.state); size != total {
+		t.Errorf("the store holds %d bytes of bodies, want %d: the refused body is not kept", size, total)
 	}
 
-	// The open snapshot's bodies are intact: restoring it gives the files
-	// back.
+	// Restoring the open snapshot gives back what it captured and names
+	// what it could not.
 	res := m.restoreScope("keep")
-	assertPaths(t, "restore keep", res.RestoredPaths, "big.txt", "big2.txt")
+	assertPaths(t, "restore keep", res.RestoredPaths, "big.txt")
+	if !reflect.DeepEqual(res.Uncaptured, []string{"big2.txt"}) {
+		t.Errorf("restore keep: uncaptured %v, want big2.txt", res.Uncaptured)
+	}
 	assertFile(t, m.in("big.txt"), files["big.txt"])
-	assertFile(t, m.in("big2.txt"), files["big2.txt"])
-	// c5's change (evicted snapshot) and c1..c3's stay; the rest is as
-	// before.
+	assertFile(t, m.in("big2.txt"), "z\n")
+	// c1..c3's changes stay (c4 was restored); the rest is as before.
 	now := snapshot(t, m.mnt)
-	for _, f := range []string{"c1.txt", "c2.txt", "c3.txt", "c5.txt"} {
+	for _, f := range []string{"c1.txt", "c2.txt", "c3.txt", "big2.txt"} {
 		if now[f] == view0[f] {
 			t.Errorf("%s is back to its old content, though no restore covered it", f)
 		}
