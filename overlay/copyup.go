@@ -11,7 +11,11 @@ import (
 
 // writeMeta stores m on the upper entry at p.
 func (e *Engine) writeMeta(p string, m *meta) error {
-	return e.upper.setxattr(p, metaXattr, m.encode(), 0)
+	if err := e.upper.setxattr(p, metaXattr, m.encode(), 0); err != nil {
+		return err
+	}
+	m.unsaved = false
+	return nil
 }
 
 // ensureUpperDir makes sure the directory p of the merged view has an upper
@@ -84,7 +88,8 @@ func (e *Engine) finishUpper(fd int, st *syscall.Stat_t, m *meta) error {
 }
 
 // copyUp gives the non-directory p an upper copy of its base entry, unless
-// it already has one. With noData (open with O_TRUNC) the body is not
+// it already has one, which it returns as it is (the caller notes its
+// change with changedBy). With noData (open with O_TRUNC) the body is not
 // copied: it is about to be emptied anyway. c is recorded as the process
 // behind the change, for status.
 func (e *Engine) copyUp(p string, l loc, noData bool, c Caller) (*meta, error) {
@@ -113,7 +118,8 @@ func (e *Engine) copyUp(p string, l loc, noData bool, c Caller) (*meta, error) {
 	if err := e.ensureUpperDir(dir); err != nil {
 		return nil, err
 	}
-	m := &meta{Ino: e.baseIno(st), Base: baselineOf(st), Pid: c.Pid, Time: time.Now().UnixNano()}
+	c = e.named(c)
+	m := &meta{Ino: e.baseIno(st), Base: baselineOf(st), Pid: c.Pid, Comm: c.Comm, Time: time.Now().UnixNano()}
 	tmp := e.tmpName()
 	dst, err := unix.Openat(e.workFd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {

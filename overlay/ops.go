@@ -74,6 +74,7 @@ func (e *Engine) Open(p string, flags int, c Caller) (*File, error) {
 		})
 		return f, err
 	}
+	c = e.named(c)
 	var f *File
 	var restaged bool
 	err := e.locked(func() (err error) {
@@ -93,7 +94,7 @@ func (e *Engine) Open(p string, flags int, c Caller) (*File, error) {
 	if flags&unix.O_TRUNC != 0 {
 		op = "open_trunc"
 	}
-	r := Record{Op: op, Path: p, Pid: c.Pid}
+	r := Record{Op: op, Path: p, Pid: c.Pid, Comm: c.Comm}
 	if restaged {
 		e.recordLazy(r)
 	} else if err := e.recordStaging(r); err != nil {
@@ -122,7 +123,11 @@ func (e *Engine) openWriteLocked(p string, flags int, c Caller) (*File, error) {
 		// Writing would replace the link's target (its upper body).
 		return nil, syscall.ELOOP
 	}
-	if _, err := e.copyUp(p, l, flags&unix.O_TRUNC != 0, c); err != nil {
+	m, err := e.copyUp(p, l, flags&unix.O_TRUNC != 0, c)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.changedBy(p, m, c); err != nil {
 		return nil, err
 	}
 	if f.Fd, err = e.upper.open(p, openFlags(flags), 0); err != nil {
@@ -241,7 +246,8 @@ func (e *Engine) prepareNew(p string, kind Kind, c Caller) (loc, *meta, error) {
 	if err := e.ensureUpperDir(dir); err != nil {
 		return loc{}, nil, err
 	}
-	m := &meta{Kind: kind, Pid: c.Pid, Time: time.Now().UnixNano(), Ino: e.newUpperIno()}
+	c = e.named(c)
+	m := &meta{Kind: kind, Pid: c.Pid, Comm: c.Comm, Time: time.Now().UnixNano(), Ino: e.newUpperIno()}
 	if l.m != nil {
 		m.Base = l.m.Base
 	} else if st := e.baseStat(l); st != nil {
@@ -373,6 +379,7 @@ func chownFd(fd int, c Caller) {
 
 // Create creates and opens the regular file p (open with O_CREAT).
 func (e *Engine) Create(p string, flags int, mode uint32, c Caller) (*File, *syscall.Stat_t, error) {
+	c = e.named(c)
 	var f *File
 	var st *syscall.Stat_t
 	var created bool
@@ -462,6 +469,7 @@ func (e *Engine) fstatShown(fd int, m *meta) (*syscall.Stat_t, error) {
 
 // Mkdir creates the directory p.
 func (e *Engine) Mkdir(p string, mode uint32, c Caller) (*syscall.Stat_t, error) {
+	c = e.named(c)
 	st, err := underLock(e, func() (*syscall.Stat_t, error) { return e.mkdirLocked(p, mode, c) })
 	if err == nil {
 		err = e.recordOp(c, "mkdir", p, "", 0)
@@ -487,7 +495,8 @@ func (e *Engine) mkdirLocked(p string, mode uint32, c Caller) (*syscall.Stat_t, 
 		// still has to remove the base's children) and hide the base.
 		old := l.m
 		nm := *old
-		nm.Deleted, nm.Opaque, nm.Container, nm.Pid, nm.Time = false, true, false, c.Pid, m.Time
+		nm.Deleted, nm.Opaque, nm.Container, nm.Time = false, true, false, m.Time
+		nm.Pid, nm.Comm = c.Pid, c.Comm
 		if err := e.writeMeta(p, &nm); err != nil {
 			return nil, err
 		}
@@ -523,9 +532,10 @@ func (e *Engine) mkdirLocked(p string, mode uint32, c Caller) (*syscall.Stat_t, 
 
 // Symlink creates the symlink p pointing to target.
 func (e *Engine) Symlink(target, p string, c Caller) (*syscall.Stat_t, error) {
+	c = e.named(c)
 	st, err := underLock(e, func() (*syscall.Stat_t, error) { return e.symlinkLocked(target, p, c) })
 	if err == nil {
-		err = e.recordStaging(Record{Op: "symlink", Path: p, Pid: c.Pid, Detail: target})
+		err = e.recordStaging(Record{Op: "symlink", Path: p, Pid: c.Pid, Comm: c.Comm, Detail: target})
 		e.changed()
 	}
 	return st, err
@@ -565,6 +575,7 @@ func (e *Engine) symlinkLocked(target, p string, c Caller) (*syscall.Stat_t, err
 
 // Mknod creates a FIFO, socket or device node (regular files go to Create).
 func (e *Engine) Mknod(p string, mode uint32, rdev uint64, c Caller) (*syscall.Stat_t, error) {
+	c = e.named(c)
 	st, err := underLock(e, func() (*syscall.Stat_t, error) { return e.mknodLocked(p, mode, rdev, c) })
 	if err == nil {
 		err = e.recordOp(c, "mknod", p, "", 0)
@@ -608,6 +619,7 @@ func (e *Engine) mknodLocked(p string, mode uint32, rdev uint64, c Caller) (*sys
 
 // Link makes newp another name of the file oldp.
 func (e *Engine) Link(oldp, newp string, c Caller) (*syscall.Stat_t, error) {
+	c = e.named(c)
 	st, err := underLock(e, func() (*syscall.Stat_t, error) { return e.linkLocked(oldp, newp, c) })
 	if err == nil {
 		err = e.recordOp(c, "link", oldp, newp, 0)
@@ -678,6 +690,7 @@ func (e *Engine) linkLocked(oldp, newp string, c Caller) (*syscall.Stat_t, error
 	}
 	lm := *om
 	lm.Base = nm.Base
+	lm.Pid, lm.Comm = c.Pid, c.Comm
 	e.setEntry(newp, &lm)
 	st, err := e.upper.lstat(newp)
 	if err != nil {
@@ -833,7 +846,8 @@ func (e *Engine) whiteoutAt(p string, b Baseline, c Caller) error {
 	if err := e.ensureUpperDir(dir); err != nil {
 		return err
 	}
-	m := &meta{Kind: KindWhiteout, Base: b, Pid: c.Pid, Time: time.Now().UnixNano()}
+	c = e.named(c)
+	m := &meta{Kind: KindWhiteout, Base: b, Pid: c.Pid, Comm: c.Comm, Time: time.Now().UnixNano()}
 	tmp := e.tmpName()
 	fd, err := unix.Openat(e.workFd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -857,6 +871,7 @@ func (e *Engine) whiteoutAt(p string, b Baseline, c Caller) error {
 
 // Unlink removes the non-directory p.
 func (e *Engine) Unlink(p string, c Caller) error {
+	c = e.named(c)
 	err := e.locked(func() error { return e.unlinkLocked(p, c) })
 	if err == nil {
 		err = e.recordOp(c, "unlink", p, "", 0)
@@ -929,6 +944,7 @@ func (e *Engine) pruneContainers(p string) {
 
 // Rmdir removes the empty directory p.
 func (e *Engine) Rmdir(p string, c Caller) error {
+	c = e.named(c)
 	err := e.locked(func() error { return e.rmdirLocked(p, c) })
 	if err == nil {
 		err = e.recordOp(c, "rmdir", p, "", 0)
@@ -984,7 +1000,8 @@ func (e *Engine) rmdirLocked(p string, c Caller) error {
 	// The whiteouts below must reach commit: keep the directory, marked
 	// deleted.
 	nm := *l.m
-	nm.Deleted, nm.Container, nm.Pid, nm.Time = true, false, c.Pid, time.Now().UnixNano()
+	nm.Deleted, nm.Container, nm.Time = true, false, time.Now().UnixNano()
+	nm.Pid, nm.Comm = c.Pid, c.Comm
 	if err := e.writeMeta(p, &nm); err != nil {
 		return err
 	}
@@ -995,6 +1012,7 @@ func (e *Engine) rmdirLocked(p string, c Caller) error {
 // Rename moves oldp to newp (flags: RENAME_NOREPLACE; RENAME_EXCHANGE is
 // not supported and fails with EINVAL).
 func (e *Engine) Rename(oldp, newp string, flags uint32, c Caller) error {
+	c = e.named(c)
 	err := e.locked(func() error { return e.renameLocked(oldp, newp, flags, c) })
 	if err == nil {
 		err = e.recordOp(c, "rename", oldp, newp, 0)
@@ -1110,7 +1128,7 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 	}
 	nm := *om
 	nm.Base = newBase
-	nm.Pid, nm.Time = c.Pid, time.Now().UnixNano()
+	nm.Pid, nm.Comm, nm.Time = c.Pid, c.Comm, time.Now().UnixNano()
 	if nm.Kind == KindDir {
 		// Container is left alone when a redirect is set (a redirect is a
 		// change by itself), so a directory moved back where the base
@@ -1186,6 +1204,7 @@ type SetAttr struct {
 // Setattr changes p's attributes. fd, when >= 0, is a file the caller has
 // open for writing on p (used for truncation so it works on unlinked files).
 func (e *Engine) Setattr(p string, fd int, a SetAttr, c Caller) (*syscall.Stat_t, error) {
+	c = e.named(c)
 	staged := true
 	st, err := underLock(e, func() (*syscall.Stat_t, error) {
 		// In staged mode the root has nothing to stage (rootSetattrLocked).
@@ -1244,11 +1263,13 @@ func (e *Engine) setattrLocked(p string, fd int, a SetAttr, c Caller) (*syscall.
 		}
 		if m.Kind == KindDir && m.Container {
 			nm := *m
-			nm.Container, nm.Pid = false, c.Pid
+			nm.Container, nm.Pid, nm.Comm = false, c.Pid, c.Comm
 			if err := e.writeMeta(p, &nm); err != nil {
 				return nil, err
 			}
 			*m = nm
+		} else if err := e.changedBy(p, m, c); err != nil {
+			return nil, err
 		}
 		lyr, rel = e.upper, p
 	}
@@ -1435,6 +1456,7 @@ func (e *Engine) changeXattr(p, attr string, c Caller, op string, fn func(layer,
 	if strings.HasPrefix(attr, xattrPrefix) {
 		return syscall.EPERM
 	}
+	c = e.named(c)
 	err := e.locked(func() error {
 		if err := e.capture(c, p); err != nil {
 			return err
@@ -1458,16 +1480,18 @@ func (e *Engine) changeXattr(p, attr string, c Caller, op string, fn func(layer,
 		}
 		if m.Kind == KindDir && m.Container {
 			nm := *m
-			nm.Container, nm.Pid = false, c.Pid
+			nm.Container, nm.Pid, nm.Comm = false, c.Pid, c.Comm
 			if err := e.writeMeta(p, &nm); err != nil {
 				return err
 			}
 			*m = nm
+		} else if err := e.changedBy(p, m, c); err != nil {
+			return err
 		}
 		return fn(e.upper, p)
 	})
 	if err == nil {
-		err = e.recordStaging(Record{Op: op, Path: p, Pid: c.Pid, Detail: attr})
+		err = e.recordStaging(Record{Op: op, Path: p, Pid: c.Pid, Comm: c.Comm, Detail: attr})
 		e.changed()
 	}
 	return err
