@@ -102,6 +102,12 @@ type meta struct {
 	Pid       int      `json:"pid,omitempty"`  // the process that last changed the entry
 	Comm      string   `json:"comm,omitempty"` // its command name when it did
 	Time      int64    `json:"tm,omitempty"`   // first staging, unix ns
+	// AttrOnly marks a copy of a workspace entry whose attributes (mode,
+	// owner, times, xattrs) changed but whose body is still the
+	// workspace's: setattr or setxattr copied it up, and nothing has opened
+	// it for writing, truncated, moved or linked it since. Status reports
+	// it as a metadata change, not a write.
+	AttrOnly bool `json:"ao,omitempty"`
 
 	uino uint64 // the upper entry's own inode number (not persisted)
 	// unsaved: Pid and Comm changed after the meta was last written. A

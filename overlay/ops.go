@@ -123,11 +123,15 @@ func (e *Engine) openWriteLocked(p string, flags int, c Caller) (*File, error) {
 		// Writing would replace the link's target (its upper body).
 		return nil, syscall.ELOOP
 	}
-	m, err := e.copyUp(p, l, flags&unix.O_TRUNC != 0, c)
+	why := forContent
+	if flags&unix.O_TRUNC != 0 {
+		why = forTruncate
+	}
+	m, err := e.copyUp(p, l, why, c)
 	if err != nil {
 		return nil, err
 	}
-	if err := e.changedBy(p, m, c); err != nil {
+	if err := e.changedBy(p, m, c, true); err != nil {
 		return nil, err
 	}
 	if f.Fd, err = e.upper.open(p, openFlags(flags), 0); err != nil {
@@ -666,9 +670,20 @@ func (e *Engine) linkLocked(oldp, newp string, c Caller) (*syscall.Stat_t, error
 	if err != nil {
 		return nil, err
 	}
-	om, err := e.copyUp(oldp, ol, false, c)
+	om, err := e.copyUp(oldp, ol, forContent, c)
 	if err != nil {
 		return nil, err
+	}
+	if om.AttrOnly {
+		// Once the file has a second name, its body can be written
+		// through either: status can no longer promise it is the
+		// workspace's.
+		nm := *om
+		nm.AttrOnly = false
+		if err := e.writeMeta(oldp, &nm); err != nil {
+			return nil, err
+		}
+		*om = nm
 	}
 	if nl.m != nil {
 		// A whiteout is in the way: it goes, the link takes its place.
@@ -1110,7 +1125,7 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 		oldBase = baselineOf(bst)
 	}
 	// The moved entry needs an upper copy at oldp.
-	om, err := e.copyUp(oldp, ol, false, c)
+	om, err := e.copyUp(oldp, ol, forContent, c)
 	if err != nil {
 		return err
 	}
@@ -1129,6 +1144,9 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 	nm := *om
 	nm.Base = newBase
 	nm.Pid, nm.Comm, nm.Time = c.Pid, c.Comm, time.Now().UnixNano()
+	// At its new place the entry stands for whatever the workspace has
+	// there (or nothing): not the body it was copied from.
+	nm.AttrOnly = false
 	if nm.Kind == KindDir {
 		// Container is left alone when a redirect is set (a redirect is a
 		// change by itself), so a directory moved back where the base
@@ -1258,7 +1276,14 @@ func (e *Engine) setattrLocked(p string, fd int, a SetAttr, c Caller) (*syscall.
 		if p == "" {
 			return e.rootSetattrLocked(a)
 		}
-		if m, err = e.copyUp(p, l, a.Size != nil && *a.Size == 0, c); err != nil {
+		why := forAttrs
+		if a.Size != nil {
+			why = forContent
+			if *a.Size == 0 {
+				why = forTruncate
+			}
+		}
+		if m, err = e.copyUp(p, l, why, c); err != nil {
 			return nil, err
 		}
 		if m.Kind == KindDir && m.Container {
@@ -1268,7 +1293,7 @@ func (e *Engine) setattrLocked(p string, fd int, a SetAttr, c Caller) (*syscall.
 				return nil, err
 			}
 			*m = nm
-		} else if err := e.changedBy(p, m, c); err != nil {
+		} else if err := e.changedBy(p, m, c, a.Size != nil); err != nil {
 			return nil, err
 		}
 		lyr, rel = e.upper, p
@@ -1471,7 +1496,7 @@ func (e *Engine) changeXattr(p, attr string, c Caller, op string, fn func(layer,
 		if err != nil {
 			return err
 		}
-		m, err := e.copyUp(p, l, false, c)
+		m, err := e.copyUp(p, l, forAttrs, c)
 		if err != nil {
 			return err
 		}
@@ -1485,7 +1510,7 @@ func (e *Engine) changeXattr(p, attr string, c Caller, op string, fn func(layer,
 				return err
 			}
 			*m = nm
-		} else if err := e.changedBy(p, m, c); err != nil {
+		} else if err := e.changedBy(p, m, c, false); err != nil {
 			return err
 		}
 		return fn(e.upper, p)

@@ -20,6 +20,9 @@ type Change struct {
 }
 
 func (m *meta) changeKind() (kind, from string) {
+	if m.AttrOnly && m.Base.Exists && m.Kind != KindDir && m.Kind != KindWhiteout {
+		return "metadata", ""
+	}
 	switch m.Kind {
 	case KindFile:
 		if m.Base.Exists {
@@ -78,11 +81,25 @@ func (e *Engine) named(c Caller) Caller {
 }
 
 // changedBy notes that c just changed the staged entry m at p, so status
-// names c as the last process to change it. The new changer is kept in
+// names c as the last process to change it. body says whether the change
+// may touch the entry's content (a write-open, a truncate): a copy that had
+// only its attributes changed (AttrOnly) stops being one, and that is
+// written to its meta at once, since status must keep telling a write from
+// a metadata change after a restart. Otherwise the new changer is kept in
 // memory only (unsaved), so a write-open of a staged file costs no xattr
 // write; the next meta write or Close stores it.
-func (e *Engine) changedBy(p string, m *meta, c Caller) error {
+func (e *Engine) changedBy(p string, m *meta, c Caller, body bool) error {
 	c = e.named(c)
+	if body && m.AttrOnly {
+		nm := *m
+		nm.AttrOnly = false
+		nm.Pid, nm.Comm = c.Pid, c.Comm
+		if err := e.writeMeta(p, &nm); err != nil {
+			return err
+		}
+		*m = nm
+		return nil
+	}
 	if m.Pid != c.Pid || m.Comm != c.Comm {
 		m.Pid, m.Comm = c.Pid, c.Comm
 		m.unsaved = true

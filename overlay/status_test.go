@@ -93,3 +93,63 @@ func TestStatusReadsCommandAtChange(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, strconv.Itoa(os.Getpid())+" "+strings.TrimSpace(string(comm)), who(changeOf(t, h, "f")))
 }
+
+// A workspace file whose attributes alone changed is a metadata change;
+// once its body is opened for writing, truncated, moved or linked it is a
+// write. Both survive a restart.
+func TestStatusMetaThenWrite(t *testing.T) {
+	h := newHarness(t)
+	for _, p := range []string{"chmod", "touch", "xattr", "trunc", "moved", "linked"} {
+		h.baseFile(p, "base\n")
+	}
+	now := unix.Timespec{Nsec: unix.UTIME_NOW}
+	_, err := h.e.Setattr("chmod", -1, overlay.SetAttr{Mode: u32(0o755)}, caller)
+	require.NoError(t, err)
+	_, err = h.e.Setattr("touch", -1, overlay.SetAttr{Atime: &now, Mtime: &now}, caller)
+	require.NoError(t, err)
+	require.NoError(t, h.e.Setxattr("xattr", "user.k", []byte("v"), 0, caller))
+	for _, p := range []string{"trunc", "moved", "linked"} {
+		_, err = h.e.Setattr(p, -1, overlay.SetAttr{Mode: u32(0o600)}, caller)
+		require.NoError(t, err)
+	}
+	meta := []string{"metadata chmod", "metadata linked", "metadata moved", "metadata touch", "metadata trunc", "metadata xattr"}
+	require.Equal(t, meta, h.pending())
+	h.restart()
+	require.Equal(t, meta, h.pending(), "after a restart")
+
+	// Opening for writing without writing a byte counts: the engine does
+	// not see the writes themselves.
+	f, err := h.e.Open("chmod", unix.O_WRONLY|unix.O_APPEND, caller)
+	require.NoError(t, err)
+	h.e.Release("chmod", f, caller)
+	h.overwrite("touch", "new\n")
+	f, err = h.e.Open("xattr", unix.O_RDONLY, caller)
+	require.NoError(t, err)
+	h.e.Release("xattr", f, caller) // a read changes nothing
+	one := uint64(1)
+	_, err = h.e.Setattr("trunc", -1, overlay.SetAttr{Size: &one}, caller)
+	require.NoError(t, err)
+	h.rename("moved", "moved2")
+	_, err = h.e.Link("linked", "linked2", caller)
+	require.NoError(t, err)
+	want := []string{"modified chmod", "modified linked", "created linked2", "deleted moved", "created moved2", "modified touch", "modified trunc", "metadata xattr"}
+	require.Equal(t, want, h.pending())
+	h.restart()
+	require.Equal(t, want, h.pending(), "after a restart")
+
+	// Moved over a workspace file, a metadata-only copy is a write there.
+	h.baseFile("src", "src\n")
+	h.baseFile("dst", "dst\n")
+	_, err = h.e.Setattr("src", -1, overlay.SetAttr{Mode: u32(0o600)}, caller)
+	require.NoError(t, err)
+	h.rename("src", "dst")
+	require.Contains(t, h.pending(), "modified dst")
+
+	h.commitAll()
+	require.Equal(t, "base\n", h.baseRead("chmod"))
+	fi, err := os.Stat(h.wsPath("chmod"))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o755), fi.Mode().Perm())
+	require.Equal(t, "b", h.baseRead("trunc"))
+	require.Equal(t, "new\n", h.baseRead("touch"))
+}
