@@ -1,6 +1,7 @@
 package overlay
 
 import (
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -1235,9 +1236,59 @@ func (e *Engine) Setattr(p string, fd int, a SetAttr, c Caller) (*syscall.Stat_t
 		if a.Size != nil {
 			op, size = "truncate", int64(*a.Size)
 		}
-		err = e.recordOp(c, op, p, "", size)
+		err = e.recordStaging(Record{Op: op, Path: p, Pid: c.Pid, Comm: c.Comm, Size: size, Detail: a.describe()})
+		e.changed()
 	}
 	return st, err
+}
+
+// describe lists the attributes a changes and their new values for the
+// journal ("mode=0755 uid=1000 gid=1000 mtime=2024-05-01T10:00:00Z"), so
+// `stagefs log` tells a chmod from a chown or a touch. Built with strconv
+// into one buffer: it runs on every setattr.
+func (a SetAttr) describe() string {
+	b := make([]byte, 0, 96)
+	if a.Mode != nil {
+		b = appendKey(b, "mode=")
+		m := strconv.FormatUint(uint64(*a.Mode&0o7777), 8)
+		for i := len(m); i < 4; i++ {
+			b = append(b, '0')
+		}
+		b = append(b, m...)
+	}
+	if a.Uid != nil {
+		b = strconv.AppendUint(appendKey(b, "uid="), uint64(*a.Uid), 10)
+	}
+	if a.Gid != nil {
+		b = strconv.AppendUint(appendKey(b, "gid="), uint64(*a.Gid), 10)
+	}
+	if a.Size != nil {
+		b = strconv.AppendUint(appendKey(b, "size="), *a.Size, 10)
+	}
+	b = appendTime(b, "atime=", a.Atime)
+	b = appendTime(b, "mtime=", a.Mtime)
+	return string(b)
+}
+
+// appendKey appends key to a space-separated list.
+func appendKey(b []byte, key string) []byte {
+	if len(b) > 0 {
+		b = append(b, ' ')
+	}
+	return append(b, key...)
+}
+
+// appendTime appends a time a SetAttr sets: "now" for UTIME_NOW, RFC 3339
+// in UTC otherwise; nothing for nil or UTIME_OMIT.
+func appendTime(b []byte, key string, ts *unix.Timespec) []byte {
+	if ts == nil || ts.Nsec == unix.UTIME_OMIT {
+		return b
+	}
+	b = appendKey(b, key)
+	if ts.Nsec == unix.UTIME_NOW {
+		return append(b, "now"...)
+	}
+	return time.Unix(ts.Sec, ts.Nsec).UTC().AppendFormat(b, time.RFC3339Nano)
 }
 
 func (e *Engine) setattrLocked(p string, fd int, a SetAttr, c Caller) (*syscall.Stat_t, error) {

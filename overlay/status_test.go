@@ -4,6 +4,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -152,4 +153,74 @@ func TestStatusMetaThenWrite(t *testing.T) {
 	require.Equal(t, os.FileMode(0o755), fi.Mode().Perm())
 	require.Equal(t, "b", h.baseRead("trunc"))
 	require.Equal(t, "new\n", h.baseRead("touch"))
+}
+
+// recordingJournal keeps what the engine appends.
+type recordingJournal struct {
+	mu   sync.Mutex
+	recs []overlay.Record
+}
+
+func (j *recordingJournal) Append(b []byte) (uint64, error) { return j.AppendNoWait(b) }
+
+func (j *recordingJournal) AppendNoWait(b []byte) (uint64, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	r, err := overlay.DecodeRecord(uint64(len(j.recs)+1), b)
+	if err != nil {
+		return 0, err
+	}
+	j.recs = append(j.recs, r)
+	return r.Seq, nil
+}
+
+func (j *recordingJournal) Sync() error { return nil }
+
+// details returns the op and detail of the records of path p.
+func (j *recordingJournal) details(p string) []string {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	var out []string
+	for _, r := range j.recs {
+		if r.Path == p {
+			out = append(out, r.Op+" "+r.Detail)
+		}
+	}
+	return out
+}
+
+// A setattr record says which attributes changed and to what.
+func TestSetattrRecordDetail(t *testing.T) {
+	h := newHarness(t)
+	j := &recordingJournal{}
+	h.opts.Journal = j
+	h.restart()
+	h.baseFile("f", "base\n")
+	uid, gid := uint32(os.Getuid()), uint32(os.Getgid())
+	mtime := unix.Timespec{Sec: 1_000_000_000, Nsec: 5}
+	now := unix.Timespec{Nsec: unix.UTIME_NOW}
+	omit := unix.Timespec{Nsec: unix.UTIME_OMIT}
+	size := uint64(2)
+	for _, a := range []overlay.SetAttr{
+		{Mode: u32(0o755)},
+		{Mode: u32(0o4700)},
+		{Uid: &uid, Gid: &gid},
+		{Atime: &omit, Mtime: &mtime},
+		{Atime: &now, Mtime: &now},
+		{Size: &size},
+	} {
+		_, err := h.e.Setattr("f", -1, a, overlay.Caller{Pid: 77, Comm: "tool"})
+		require.NoError(t, err)
+	}
+	require.Equal(t, []string{
+		"setattr mode=0755",
+		"setattr mode=4700",
+		"setattr uid=" + strconv.FormatUint(uint64(uid), 10) + " gid=" + strconv.FormatUint(uint64(gid), 10),
+		"setattr mtime=2001-09-09T01:46:40.000000005Z",
+		"setattr atime=now mtime=now",
+		"truncate size=2",
+	}, j.details("f"))
+	for _, r := range j.recs {
+		require.Equal(t, "tool", r.Comm, "record %s", r.Op)
+	}
 }
