@@ -11,7 +11,11 @@ import (
 
 // writeMeta stores m on the upper entry at p.
 func (e *Engine) writeMeta(p string, m *meta) error {
-	return e.upper.setxattr(p, metaXattr, m.encode(), 0)
+	if err := e.upper.setxattr(p, metaXattr, m.encode(), 0); err != nil {
+		return err
+	}
+	m.unsaved = false
+	return nil
 }
 
 // ensureUpperDir makes sure the directory p of the merged view has an upper
@@ -83,11 +87,26 @@ func (e *Engine) finishUpper(fd int, st *syscall.Stat_t, m *meta) error {
 	return unix.UtimesNanoAt(unix.AT_FDCWD, fdPath(fd), ts, 0)
 }
 
+// copyFor says what a copy-up is for.
+type copyFor uint8
+
+const (
+	// forContent: the body may change (open for writing, a truncate to a
+	// non-zero size, rename, link).
+	forContent copyFor = iota
+	// forTruncate: the body is about to be emptied (O_TRUNC, truncate to
+	// 0), so it is not copied.
+	forTruncate
+	// forAttrs: only attributes change (chmod, chown, utimens, xattrs):
+	// the copy is marked AttrOnly.
+	forAttrs
+)
+
 // copyUp gives the non-directory p an upper copy of its base entry, unless
-// it already has one. With noData (open with O_TRUNC) the body is not
-// copied: it is about to be emptied anyway. c is recorded as the process
-// behind the change, for status.
-func (e *Engine) copyUp(p string, l loc, noData bool, c Caller) (*meta, error) {
+// it already has one, which it returns as it is (the caller notes its
+// change with changedBy). c is recorded as the process behind the change,
+// for status.
+func (e *Engine) copyUp(p string, l loc, why copyFor, c Caller) (*meta, error) {
 	if p == "" {
 		// The root is the workspace's own directory: it has no pending
 		// entry to copy up to (see rootSetattrLocked).
@@ -113,7 +132,8 @@ func (e *Engine) copyUp(p string, l loc, noData bool, c Caller) (*meta, error) {
 	if err := e.ensureUpperDir(dir); err != nil {
 		return nil, err
 	}
-	m := &meta{Ino: e.baseIno(st), Base: baselineOf(st), Pid: c.Pid, Time: time.Now().UnixNano()}
+	c = e.named(c)
+	m := &meta{Ino: e.baseIno(st), Base: baselineOf(st), Pid: c.Pid, Comm: c.Comm, Time: time.Now().UnixNano(), AttrOnly: why == forAttrs}
 	tmp := e.tmpName()
 	dst, err := unix.Openat(e.workFd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {
@@ -129,7 +149,7 @@ func (e *Engine) copyUp(p string, l loc, noData bool, c Caller) (*meta, error) {
 	switch st.Mode & syscall.S_IFMT {
 	case syscall.S_IFREG:
 		m.Kind = KindFile
-		if !noData {
+		if why != forTruncate {
 			if err := e.copyBody(l.basePath, dst, st.Size); err != nil {
 				return nil, err
 			}

@@ -42,6 +42,9 @@ type Caller struct {
 	Pid int
 	Uid uint32
 	Gid uint32
+	// Comm is the process's command name; the engine reads it from /proc
+	// (cached) when it is empty.
+	Comm string
 }
 
 // Journal is the append-only log the engine records every operation in.
@@ -249,6 +252,9 @@ func (e *Engine) Close() error {
 		<-e.syncDone
 		e.stopSync = nil
 		e.Sync()
+	}
+	if e.upper.fd >= 0 {
+		e.saveChangers()
 	}
 	e.upper.dirs.flush()
 	for _, fd := range []*int{&e.base.fd, &e.upper.fd, &e.workFd} {

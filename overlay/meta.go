@@ -99,11 +99,22 @@ type meta struct {
 	Rdev      uint64   `json:"rdev,omitempty"`
 	Ino       uint64   `json:"ino,omitempty"` // inode number shown (the base origin's), 0: upper's own
 	Base      Baseline `json:"b"`
-	Pid       int      `json:"pid,omitempty"`
-	Comm      string   `json:"comm,omitempty"`
-	Time      int64    `json:"tm,omitempty"` // first staging, unix ns
+	Pid       int      `json:"pid,omitempty"`  // the process that last changed the entry
+	Comm      string   `json:"comm,omitempty"` // its command name when it did
+	Time      int64    `json:"tm,omitempty"`   // first staging, unix ns
+	// AttrOnly marks a copy of a workspace entry whose attributes (mode,
+	// owner, times, xattrs) changed but whose body is still the
+	// workspace's: setattr or setxattr copied it up, and nothing has opened
+	// it for writing, truncated, moved or linked it since. Status reports
+	// it as a metadata change, not a write.
+	AttrOnly bool `json:"ao,omitempty"`
 
 	uino uint64 // the upper entry's own inode number (not persisted)
+	// unsaved: Pid and Comm changed after the meta was last written. A
+	// later change of an entry already staged updates them in memory only,
+	// so the hot path (a write-open of a staged file) writes no xattr;
+	// they reach the disk with the next meta write or at Close.
+	unsaved bool
 }
 
 func decodeMeta(b []byte) (meta, error) {

@@ -1,6 +1,7 @@
 package overlay
 
 import (
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -74,6 +75,7 @@ func (e *Engine) Open(p string, flags int, c Caller) (*File, error) {
 		})
 		return f, err
 	}
+	c = e.named(c)
 	var f *File
 	var restaged bool
 	err := e.locked(func() (err error) {
@@ -93,7 +95,7 @@ func (e *Engine) Open(p string, flags int, c Caller) (*File, error) {
 	if flags&unix.O_TRUNC != 0 {
 		op = "open_trunc"
 	}
-	r := Record{Op: op, Path: p, Pid: c.Pid}
+	r := Record{Op: op, Path: p, Pid: c.Pid, Comm: c.Comm}
 	if restaged {
 		e.recordLazy(r)
 	} else if err := e.recordStaging(r); err != nil {
@@ -122,7 +124,15 @@ func (e *Engine) openWriteLocked(p string, flags int, c Caller) (*File, error) {
 		// Writing would replace the link's target (its upper body).
 		return nil, syscall.ELOOP
 	}
-	if _, err := e.copyUp(p, l, flags&unix.O_TRUNC != 0, c); err != nil {
+	why := forContent
+	if flags&unix.O_TRUNC != 0 {
+		why = forTruncate
+	}
+	m, err := e.copyUp(p, l, why, c)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.changedBy(p, m, c, true); err != nil {
 		return nil, err
 	}
 	if f.Fd, err = e.upper.open(p, openFlags(flags), 0); err != nil {
@@ -241,7 +251,8 @@ func (e *Engine) prepareNew(p string, kind Kind, c Caller) (loc, *meta, error) {
 	if err := e.ensureUpperDir(dir); err != nil {
 		return loc{}, nil, err
 	}
-	m := &meta{Kind: kind, Pid: c.Pid, Time: time.Now().UnixNano(), Ino: e.newUpperIno()}
+	c = e.named(c)
+	m := &meta{Kind: kind, Pid: c.Pid, Comm: c.Comm, Time: time.Now().UnixNano(), Ino: e.newUpperIno()}
 	if l.m != nil {
 		m.Base = l.m.Base
 	} else if st := e.baseStat(l); st != nil {
@@ -373,6 +384,7 @@ func chownFd(fd int, c Caller) {
 
 // Create creates and opens the regular file p (open with O_CREAT).
 func (e *Engine) Create(p string, flags int, mode uint32, c Caller) (*File, *syscall.Stat_t, error) {
+	c = e.named(c)
 	var f *File
 	var st *syscall.Stat_t
 	var created bool
@@ -462,6 +474,7 @@ func (e *Engine) fstatShown(fd int, m *meta) (*syscall.Stat_t, error) {
 
 // Mkdir creates the directory p.
 func (e *Engine) Mkdir(p string, mode uint32, c Caller) (*syscall.Stat_t, error) {
+	c = e.named(c)
 	st, err := underLock(e, func() (*syscall.Stat_t, error) { return e.mkdirLocked(p, mode, c) })
 	if err == nil {
 		err = e.recordOp(c, "mkdir", p, "", 0)
@@ -487,7 +500,8 @@ func (e *Engine) mkdirLocked(p string, mode uint32, c Caller) (*syscall.Stat_t, 
 		// still has to remove the base's children) and hide the base.
 		old := l.m
 		nm := *old
-		nm.Deleted, nm.Opaque, nm.Container, nm.Pid, nm.Time = false, true, false, c.Pid, m.Time
+		nm.Deleted, nm.Opaque, nm.Container, nm.Time = false, true, false, m.Time
+		nm.Pid, nm.Comm = c.Pid, c.Comm
 		if err := e.writeMeta(p, &nm); err != nil {
 			return nil, err
 		}
@@ -523,9 +537,10 @@ func (e *Engine) mkdirLocked(p string, mode uint32, c Caller) (*syscall.Stat_t, 
 
 // Symlink creates the symlink p pointing to target.
 func (e *Engine) Symlink(target, p string, c Caller) (*syscall.Stat_t, error) {
+	c = e.named(c)
 	st, err := underLock(e, func() (*syscall.Stat_t, error) { return e.symlinkLocked(target, p, c) })
 	if err == nil {
-		err = e.recordStaging(Record{Op: "symlink", Path: p, Pid: c.Pid, Detail: target})
+		err = e.recordStaging(Record{Op: "symlink", Path: p, Pid: c.Pid, Comm: c.Comm, Detail: target})
 		e.changed()
 	}
 	return st, err
@@ -565,6 +580,7 @@ func (e *Engine) symlinkLocked(target, p string, c Caller) (*syscall.Stat_t, err
 
 // Mknod creates a FIFO, socket or device node (regular files go to Create).
 func (e *Engine) Mknod(p string, mode uint32, rdev uint64, c Caller) (*syscall.Stat_t, error) {
+	c = e.named(c)
 	st, err := underLock(e, func() (*syscall.Stat_t, error) { return e.mknodLocked(p, mode, rdev, c) })
 	if err == nil {
 		err = e.recordOp(c, "mknod", p, "", 0)
@@ -608,6 +624,7 @@ func (e *Engine) mknodLocked(p string, mode uint32, rdev uint64, c Caller) (*sys
 
 // Link makes newp another name of the file oldp.
 func (e *Engine) Link(oldp, newp string, c Caller) (*syscall.Stat_t, error) {
+	c = e.named(c)
 	st, err := underLock(e, func() (*syscall.Stat_t, error) { return e.linkLocked(oldp, newp, c) })
 	if err == nil {
 		err = e.recordOp(c, "link", oldp, newp, 0)
@@ -654,9 +671,20 @@ func (e *Engine) linkLocked(oldp, newp string, c Caller) (*syscall.Stat_t, error
 	if err != nil {
 		return nil, err
 	}
-	om, err := e.copyUp(oldp, ol, false, c)
+	om, err := e.copyUp(oldp, ol, forContent, c)
 	if err != nil {
 		return nil, err
+	}
+	if om.AttrOnly {
+		// Once the file has a second name, its body can be written
+		// through either: status can no longer promise it is the
+		// workspace's.
+		nm := *om
+		nm.AttrOnly = false
+		if err := e.writeMeta(oldp, &nm); err != nil {
+			return nil, err
+		}
+		*om = nm
 	}
 	if nl.m != nil {
 		// A whiteout is in the way: it goes, the link takes its place.
@@ -678,6 +706,7 @@ func (e *Engine) linkLocked(oldp, newp string, c Caller) (*syscall.Stat_t, error
 	}
 	lm := *om
 	lm.Base = nm.Base
+	lm.Pid, lm.Comm = c.Pid, c.Comm
 	e.setEntry(newp, &lm)
 	st, err := e.upper.lstat(newp)
 	if err != nil {
@@ -833,7 +862,8 @@ func (e *Engine) whiteoutAt(p string, b Baseline, c Caller) error {
 	if err := e.ensureUpperDir(dir); err != nil {
 		return err
 	}
-	m := &meta{Kind: KindWhiteout, Base: b, Pid: c.Pid, Time: time.Now().UnixNano()}
+	c = e.named(c)
+	m := &meta{Kind: KindWhiteout, Base: b, Pid: c.Pid, Comm: c.Comm, Time: time.Now().UnixNano()}
 	tmp := e.tmpName()
 	// Mode 0600, not 0: setting a user xattr needs write permission on
 	// the inode, which a daemon that is not root lacks on a mode-0 file.
@@ -859,6 +889,7 @@ func (e *Engine) whiteoutAt(p string, b Baseline, c Caller) error {
 
 // Unlink removes the non-directory p.
 func (e *Engine) Unlink(p string, c Caller) error {
+	c = e.named(c)
 	err := e.locked(func() error { return e.unlinkLocked(p, c) })
 	if err == nil {
 		err = e.recordOp(c, "unlink", p, "", 0)
@@ -931,6 +962,7 @@ func (e *Engine) pruneContainers(p string) {
 
 // Rmdir removes the empty directory p.
 func (e *Engine) Rmdir(p string, c Caller) error {
+	c = e.named(c)
 	err := e.locked(func() error { return e.rmdirLocked(p, c) })
 	if err == nil {
 		err = e.recordOp(c, "rmdir", p, "", 0)
@@ -986,7 +1018,8 @@ func (e *Engine) rmdirLocked(p string, c Caller) error {
 	// The whiteouts below must reach commit: keep the directory, marked
 	// deleted.
 	nm := *l.m
-	nm.Deleted, nm.Container, nm.Pid, nm.Time = true, false, c.Pid, time.Now().UnixNano()
+	nm.Deleted, nm.Container, nm.Time = true, false, time.Now().UnixNano()
+	nm.Pid, nm.Comm = c.Pid, c.Comm
 	if err := e.writeMeta(p, &nm); err != nil {
 		return err
 	}
@@ -997,6 +1030,7 @@ func (e *Engine) rmdirLocked(p string, c Caller) error {
 // Rename moves oldp to newp (flags: RENAME_NOREPLACE; RENAME_EXCHANGE is
 // not supported and fails with EINVAL).
 func (e *Engine) Rename(oldp, newp string, flags uint32, c Caller) error {
+	c = e.named(c)
 	err := e.locked(func() error { return e.renameLocked(oldp, newp, flags, c) })
 	if err == nil {
 		err = e.recordOp(c, "rename", oldp, newp, 0)
@@ -1094,7 +1128,7 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 		oldBase = baselineOf(bst)
 	}
 	// The moved entry needs an upper copy at oldp.
-	om, err := e.copyUp(oldp, ol, false, c)
+	om, err := e.copyUp(oldp, ol, forContent, c)
 	if err != nil {
 		return err
 	}
@@ -1112,7 +1146,10 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 	}
 	nm := *om
 	nm.Base = newBase
-	nm.Pid, nm.Time = c.Pid, time.Now().UnixNano()
+	nm.Pid, nm.Comm, nm.Time = c.Pid, c.Comm, time.Now().UnixNano()
+	// At its new place the entry stands for whatever the workspace has
+	// there (or nothing): not the body it was copied from.
+	nm.AttrOnly = false
 	if nm.Kind == KindDir {
 		// Container is left alone when a redirect is set (a redirect is a
 		// change by itself), so a directory moved back where the base
@@ -1188,6 +1225,7 @@ type SetAttr struct {
 // Setattr changes p's attributes. fd, when >= 0, is a file the caller has
 // open for writing on p (used for truncation so it works on unlinked files).
 func (e *Engine) Setattr(p string, fd int, a SetAttr, c Caller) (*syscall.Stat_t, error) {
+	c = e.named(c)
 	staged := true
 	st, err := underLock(e, func() (*syscall.Stat_t, error) {
 		// In staged mode the root has nothing to stage (rootSetattrLocked).
@@ -1200,9 +1238,59 @@ func (e *Engine) Setattr(p string, fd int, a SetAttr, c Caller) (*syscall.Stat_t
 		if a.Size != nil {
 			op, size = "truncate", int64(*a.Size)
 		}
-		err = e.recordOp(c, op, p, "", size)
+		err = e.recordStaging(Record{Op: op, Path: p, Pid: c.Pid, Comm: c.Comm, Size: size, Detail: a.describe()})
+		e.changed()
 	}
 	return st, err
+}
+
+// describe lists the attributes a changes and their new values for the
+// journal ("mode=0755 uid=1000 gid=1000 mtime=2024-05-01T10:00:00Z"), so
+// `stagefs log` tells a chmod from a chown or a touch. Built with strconv
+// into one buffer: it runs on every setattr.
+func (a SetAttr) describe() string {
+	b := make([]byte, 0, 96)
+	if a.Mode != nil {
+		b = appendKey(b, "mode=")
+		m := strconv.FormatUint(uint64(*a.Mode&0o7777), 8)
+		for i := len(m); i < 4; i++ {
+			b = append(b, '0')
+		}
+		b = append(b, m...)
+	}
+	if a.Uid != nil {
+		b = strconv.AppendUint(appendKey(b, "uid="), uint64(*a.Uid), 10)
+	}
+	if a.Gid != nil {
+		b = strconv.AppendUint(appendKey(b, "gid="), uint64(*a.Gid), 10)
+	}
+	if a.Size != nil {
+		b = strconv.AppendUint(appendKey(b, "size="), *a.Size, 10)
+	}
+	b = appendTime(b, "atime=", a.Atime)
+	b = appendTime(b, "mtime=", a.Mtime)
+	return string(b)
+}
+
+// appendKey appends key to a space-separated list.
+func appendKey(b []byte, key string) []byte {
+	if len(b) > 0 {
+		b = append(b, ' ')
+	}
+	return append(b, key...)
+}
+
+// appendTime appends a time a SetAttr sets: "now" for UTIME_NOW, RFC 3339
+// in UTC otherwise; nothing for nil or UTIME_OMIT.
+func appendTime(b []byte, key string, ts *unix.Timespec) []byte {
+	if ts == nil || ts.Nsec == unix.UTIME_OMIT {
+		return b
+	}
+	b = appendKey(b, key)
+	if ts.Nsec == unix.UTIME_NOW {
+		return append(b, "now"...)
+	}
+	return time.Unix(ts.Sec, ts.Nsec).UTC().AppendFormat(b, time.RFC3339Nano)
 }
 
 func (e *Engine) setattrLocked(p string, fd int, a SetAttr, c Caller) (*syscall.Stat_t, error) {
@@ -1241,16 +1329,25 @@ func (e *Engine) setattrLocked(p string, fd int, a SetAttr, c Caller) (*syscall.
 		if p == "" {
 			return e.rootSetattrLocked(a)
 		}
-		if m, err = e.copyUp(p, l, a.Size != nil && *a.Size == 0, c); err != nil {
+		why := forAttrs
+		if a.Size != nil {
+			why = forContent
+			if *a.Size == 0 {
+				why = forTruncate
+			}
+		}
+		if m, err = e.copyUp(p, l, why, c); err != nil {
 			return nil, err
 		}
 		if m.Kind == KindDir && m.Container {
 			nm := *m
-			nm.Container, nm.Pid = false, c.Pid
+			nm.Container, nm.Pid, nm.Comm = false, c.Pid, c.Comm
 			if err := e.writeMeta(p, &nm); err != nil {
 				return nil, err
 			}
 			*m = nm
+		} else if err := e.changedBy(p, m, c, a.Size != nil); err != nil {
+			return nil, err
 		}
 		lyr, rel = e.upper, p
 	}
@@ -1437,6 +1534,7 @@ func (e *Engine) changeXattr(p, attr string, c Caller, op string, fn func(layer,
 	if strings.HasPrefix(attr, xattrPrefix) {
 		return syscall.EPERM
 	}
+	c = e.named(c)
 	err := e.locked(func() error {
 		if err := e.capture(c, p); err != nil {
 			return err
@@ -1451,7 +1549,7 @@ func (e *Engine) changeXattr(p, attr string, c Caller, op string, fn func(layer,
 		if err != nil {
 			return err
 		}
-		m, err := e.copyUp(p, l, false, c)
+		m, err := e.copyUp(p, l, forAttrs, c)
 		if err != nil {
 			return err
 		}
@@ -1460,16 +1558,18 @@ func (e *Engine) changeXattr(p, attr string, c Caller, op string, fn func(layer,
 		}
 		if m.Kind == KindDir && m.Container {
 			nm := *m
-			nm.Container, nm.Pid = false, c.Pid
+			nm.Container, nm.Pid, nm.Comm = false, c.Pid, c.Comm
 			if err := e.writeMeta(p, &nm); err != nil {
 				return err
 			}
 			*m = nm
+		} else if err := e.changedBy(p, m, c, false); err != nil {
+			return err
 		}
 		return fn(e.upper, p)
 	})
 	if err == nil {
-		err = e.recordStaging(Record{Op: op, Path: p, Pid: c.Pid, Detail: attr})
+		err = e.recordStaging(Record{Op: op, Path: p, Pid: c.Pid, Comm: c.Comm, Detail: attr})
 		e.changed()
 	}
 	return err

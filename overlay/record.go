@@ -96,7 +96,7 @@ func (e *Engine) Sync() error {
 // error (a full or failed disk under the state dir) is the operation's: no
 // change is answered as done without its record.
 func (e *Engine) recordOp(c Caller, op, p, p2 string, size int64) error {
-	err := e.recordStaging(Record{Op: op, Path: p, Path2: p2, Pid: c.Pid, Size: size})
+	err := e.recordStaging(Record{Op: op, Path: p, Path2: p2, Pid: c.Pid, Comm: c.Comm, Size: size})
 	e.changed()
 	return err
 }

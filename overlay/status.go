@@ -20,6 +20,9 @@ type Change struct {
 }
 
 func (m *meta) changeKind() (kind, from string) {
+	if m.AttrOnly && m.Base.Exists && m.Kind != KindDir && m.Kind != KindWhiteout {
+		return "metadata", ""
+	}
 	switch m.Kind {
 	case KindFile:
 		if m.Base.Exists {
@@ -53,7 +56,7 @@ func (e *Engine) Pending(paths []string) []Change {
 	for _, p := range e.selectLocked(paths, false, nil) {
 		m := e.index[p]
 		kind, from := m.changeKind()
-		ch := Change{Path: p, Kind: kind, From: from, Time: time.Unix(0, m.Time), Pid: m.Pid}
+		ch := Change{Path: p, Kind: kind, From: from, Time: time.Unix(0, m.Time), Pid: m.Pid, Comm: m.Comm}
 		ch.Dir = m.Kind == KindDir || (m.Kind == KindWhiteout && m.Base.Mode&syscall.S_IFMT == syscall.S_IFDIR)
 		if m.Kind == KindFile || m.Kind == KindSymlink {
 			if st, err := e.upper.lstat(p); err == nil {
@@ -63,6 +66,61 @@ func (e *Engine) Pending(paths []string) []Change {
 		out = append(out, ch)
 	}
 	return out
+}
+
+// named returns c with its command name, read from /proc (cached) unless
+// the caller gave it. Entry points call it before taking the engine's lock,
+// so a /proc read never holds up other operations; the name is then the
+// one of the process as it made the change, which a lookup at status time
+// could not give (the process is gone or runs another program by then).
+func (e *Engine) named(c Caller) Caller {
+	if c.Comm == "" && c.Pid > 0 {
+		c.Comm = e.procs.comm(c.Pid)
+	}
+	return c
+}
+
+// changedBy notes that c just changed the staged entry m at p, so status
+// names c as the last process to change it. body says whether the change
+// may touch the entry's content (a write-open, a truncate): a copy that had
+// only its attributes changed (AttrOnly) stops being one, and that is
+// written to its meta at once, since status must keep telling a write from
+// a metadata change after a restart. Otherwise the new changer is kept in
+// memory only (unsaved), so a write-open of a staged file costs no xattr
+// write; the next meta write or Close stores it.
+func (e *Engine) changedBy(p string, m *meta, c Caller, body bool) error {
+	c = e.named(c)
+	if body && m.AttrOnly {
+		nm := *m
+		nm.AttrOnly = false
+		nm.Pid, nm.Comm = c.Pid, c.Comm
+		if err := e.writeMeta(p, &nm); err != nil {
+			return err
+		}
+		*m = nm
+		return nil
+	}
+	if m.Pid != c.Pid || m.Comm != c.Comm {
+		m.Pid, m.Comm = c.Pid, c.Comm
+		m.unsaved = true
+	}
+	return nil
+}
+
+// saveChangers writes the meta of every entry whose last changer is known
+// only in memory (see changedBy), so a clean restart shows the same pid and
+// command. After a crash the meta's older values are shown; the journal
+// still names every change's process.
+func (e *Engine) saveChangers() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for p, m := range e.index {
+		if m.unsaved {
+			if err := e.writeMeta(p, m); err != nil {
+				e.logf("overlay: save the last changer of %s: %v", p, err)
+			}
+		}
+	}
 }
 
 // Untouched reports whether the directory listing of p comes from the

@@ -115,7 +115,7 @@ chmod +x script.sh
 		switch {
 		case !ok:
 			t.Errorf("status: %s missing (want %s); got %v", p, k, kinds)
-		case got != k && !(p == "script.sh" && got == "write"):
+		case got != k:
 			t.Errorf("status: %s is %q, want %q", p, got, k)
 		}
 	}

@@ -150,7 +150,7 @@ func (b *backend) Status(ctx context.Context, paths []string) (control.StatusRes
 	for _, c := range b.eng.Pending(rel) {
 		age := now.Sub(c.Time).Milliseconds()
 		res.Entries = append(res.Entries, control.StatusEntry{
-			Path: c.Path, Kind: statusKind(c), From: c.From, Bytes: c.Bytes, AgeMs: age, PID: c.Pid, Comm: b.eng.Comm(c.Pid),
+			Path: c.Path, Kind: statusKind(c), From: c.From, Bytes: c.Bytes, AgeMs: age, PID: c.Pid, Comm: c.Comm,
 		})
 		res.TotalBytes += c.Bytes
 		if age > res.OldestPendingAgeMs {
