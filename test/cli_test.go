@@ -157,8 +157,8 @@ func TestCLIClients(t *testing.T) {
 // TestCLIDiffNonUTF8 checks that stagefs diff never garbles content that
 // is not UTF-8. The diff travels in a JSON string, where invalid bytes
 // become U+FFFD: shown as text, a Latin-1 file would reach git apply as
-// other bytes. Such files must be reported as binary, and the text file
-// next to them must still apply byte for byte.
+// other bytes. Such files must be written as git binary patches, and the
+// whole diff must apply with git apply, byte for byte.
 func TestCLIDiffNonUTF8(t *testing.T) {
 	requireTool(t, "git")
 	textOld := "one\ntwo\nthree\n"
@@ -187,8 +187,9 @@ func TestCLIDiffNonUTF8(t *testing.T) {
 		t.Errorf("diff has invalid UTF-8 or U+FFFD (garbled content):\n%q", d)
 	}
 	for _, want := range []string{
-		"Binary files a/latin1.txt and b/latin1.txt differ\n",
-		"Binary files /dev/null and b/rand.bin differ\n",
+		"diff --git a/latin1.txt b/latin1.txt\nindex ",
+		"diff --git a/rand.bin b/rand.bin\nnew file mode 100644\nindex 0000000000000000000000000000000000000000..",
+		"GIT binary patch\nliteral 4096\n",
 		"+++ b/text.txt\n",
 	} {
 		if !strings.Contains(d, want) {
@@ -205,9 +206,8 @@ func TestCLIDiffNonUTF8(t *testing.T) {
 		t.Errorf("diff --json differs from the human diff: %v\n%q", err, dr.Diff)
 	}
 
-	// git apply on a copy of the workspace. A binary notice carries no
-	// content, so git cannot apply those parts: they are excluded, and
-	// must be left alone.
+	// git apply of the whole diff on a copy of the workspace gives the
+	// view's bytes.
 	cp := t.TempDir()
 	mustRun(t, cmdSpec{}, "cp", "-a", m.ws+"/.", cp)
 	patch := filepath.Join(t.TempDir(), "staged.diff")
@@ -220,12 +220,10 @@ func TestCLIDiffNonUTF8(t *testing.T) {
 	if out := mustRun(t, gitEnv, "git", "apply", "--numstat", patch); !strings.Contains(out, "-\t-\trand.bin\n") {
 		t.Errorf("git apply --numstat does not count rand.bin as binary:\n%s", out)
 	}
-	mustRun(t, gitEnv, "git", "apply", "--exclude=latin1.txt", "--exclude=rand.bin", patch)
+	mustRun(t, gitEnv, "git", "apply", patch)
 	assertFile(t, filepath.Join(cp, "text.txt"), textNew)
-	assertFile(t, filepath.Join(cp, "latin1.txt"), latin1Old)
-	if _, err := os.Lstat(filepath.Join(cp, "rand.bin")); !os.IsNotExist(err) {
-		t.Errorf("rand.bin exists in the copy after applying without it: %v", err)
-	}
+	assertFile(t, filepath.Join(cp, "latin1.txt"), latin1New)
+	assertFile(t, filepath.Join(cp, "rand.bin"), string(random))
 }
 
 // TestCLIControlCallerInJournal checks that commits, discards, mode

@@ -11,21 +11,23 @@
 //   - text changes are written as "---"/"+++" lines followed by "@@" hunks
 //     with three lines of context, and a line without a terminating newline
 //     is followed by "\ No newline at end of file";
-//   - content with a NUL byte in its first 8000 bytes is treated as binary
-//     and only reported as "Binary files a/P and b/P differ";
-//   - so is content that is not valid UTF-8 anywhere (Latin-1 text, random
+//   - content with a NUL byte in its first 8000 bytes is binary, and so is
+//     content that is not valid UTF-8 anywhere (Latin-1 text, random
 //     bytes), which git would show as text: the diff is carried in JSON
 //     strings, where invalid bytes become U+FFFD, so showing such content
-//     as text would make "git apply" write different bytes. Write's output
-//     is therefore always valid UTF-8 and never lossy;
+//     as text would make "git apply" write different bytes. A binary change
+//     is written as "git diff --binary" writes it: a full "index OLD..NEW"
+//     line (git apply checks the old object id and refuses binary patches
+//     without one), "GIT binary patch", and forward and reverse "literal"
+//     hunks of zlib-deflated content in git's base85. A side larger than
+//     MaxBinaryPatch gets only a "Binary files ... differ" notice. Write's
+//     output is therefore always valid UTF-8 and never lossy;
 //   - symbolic links (mode 0120000) are diffed as their target text, which
 //     has no trailing newline;
 //   - paths are quoted the way git quotes them with core.quotePath enabled.
 //
-// Two things git writes are deliberately left out: "index" lines (stagefs
-// has no object ids to put there) and "similarity index" lines (git apply
-// does not need them). Because there are no full index lines, git apply
-// cannot apply the binary parts of a diff; they are informational only.
+// Two things git writes are left out of text changes: "index" lines (git
+// apply does not need them there) and "similarity index" lines.
 //
 // The line diff itself is Myers' O(ND) algorithm in its linear-space,
 // divide-and-conquer form, run after common prefixes and suffixes and

@@ -52,7 +52,16 @@ func randomChange(rng *rand.Rand, id int) FileChange {
 	name := func(role string) string {
 		return fmt.Sprintf("d%d/%s-%s%d", id%3, trickyNames[rng.Intn(len(trickyNames))], role, id)
 	}
-	text := func() []byte { return gitTestText(rng) }
+	text := func() []byte {
+		if rng.Intn(8) == 0 {
+			// Binary: random bytes (NUL or invalid UTF-8 make it so),
+			// sometimes larger than a base85 line or several.
+			b := make([]byte, rng.Intn(300))
+			rng.Read(b)
+			return b
+		}
+		return gitTestText(rng)
+	}
 	edit := func(old []byte) []byte {
 		if rng.Intn(5) == 0 {
 			return text() // unrelated new content

@@ -3,6 +3,9 @@ package unidiff
 import (
 	"bufio"
 	"bytes"
+	"compress/zlib"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -42,6 +45,11 @@ const (
 // binaryProbeSize is how much of a file git looks at to decide whether it
 // is binary.
 const binaryProbeSize = 8000
+
+// MaxBinaryPatch is the largest side of a binary change that Write spells
+// out as a "GIT binary patch"; larger ones get only a "Binary files ...
+// differ" notice, so that a diff stays a readable size.
+const MaxBinaryPatch = 1 << 20
 
 // Write writes a git-style unified diff of changes to w, in the order
 // given. Changes with nothing to show (same content, mode and path) are
@@ -149,7 +157,7 @@ func writeCreate(w *bufio.Writer, path string, mode uint32, data []byte) {
 		// alone tells git apply to create it.
 		return
 	}
-	writeContent(w, "/dev/null", "b/"+path, nil, data)
+	writeContent(w, "/dev/null", "b/"+path, nil, data, 0)
 }
 
 func writeDelete(w *bufio.Writer, path string, mode uint32, data []byte) {
@@ -158,7 +166,7 @@ func writeDelete(w *bufio.Writer, path string, mode uint32, data []byte) {
 	if len(data) == 0 {
 		return
 	}
-	writeContent(w, "a/"+path, "/dev/null", data, nil)
+	writeContent(w, "a/"+path, "/dev/null", data, nil, 0)
 }
 
 func writeModify(w *bufio.Writer, oldPath, newPath string, oldMode, newMode uint32, old, new []byte) {
@@ -179,7 +187,12 @@ func writeModify(w *bufio.Writer, oldPath, newPath string, oldMode, newMode uint
 	if sameContent {
 		return
 	}
-	writeContent(w, "a/"+oldPath, "b/"+newPath, old, new)
+	// git names the mode on the index line only when it did not change.
+	var indexMode uint32
+	if oldMode == newMode {
+		indexMode = newMode
+	}
+	writeContent(w, "a/"+oldPath, "b/"+newPath, old, new, indexMode)
 }
 
 func writeGitHeader(w *bufio.Writer, oldPath, newPath string) {
@@ -187,18 +200,103 @@ func writeGitHeader(w *bufio.Writer, oldPath, newPath string) {
 }
 
 // writeContent writes the part after the extended headers: a binary
-// notice, or the "---"/"+++" lines and the hunks. oldName and newName are
-// "a/..." and "b/..." or "/dev/null", unquoted.
-func writeContent(w *bufio.Writer, oldName, newName string, old, new []byte) {
+// patch or notice, or the "---"/"+++" lines and the hunks. oldName and
+// newName are "a/..." and "b/..." or "/dev/null", unquoted; indexMode is
+// the mode a binary patch's index line names (0: none).
+func writeContent(w *bufio.Writer, oldName, newName string, old, new []byte, indexMode uint32) {
 	oldLabel, newLabel := quotePath(oldName), quotePath(newName)
 	if isBinary(old) || isBinary(new) {
-		w.WriteString("Binary files " + oldLabel + " and " + newLabel + " differ\n")
+		if len(old) > MaxBinaryPatch || len(new) > MaxBinaryPatch {
+			w.WriteString("Binary files " + oldLabel + " and " + newLabel + " differ\n")
+			return
+		}
+		writeBinaryPatch(w, oldName != "/dev/null", newName != "/dev/null", old, new, indexMode)
 		return
 	}
 	w.WriteString("--- " + oldLabel + fileLabelEnd(oldLabel))
 	w.WriteString("+++ " + newLabel + fileLabelEnd(newLabel))
 	for _, h := range Hunks(Lines(old, new), DefaultContext) {
 		writeHunk(w, h)
+	}
+}
+
+// writeBinaryPatch writes a change as git diff --binary does: an index
+// line with the full object ids (git apply checks the old one against the
+// file it patches, and refuses a binary patch without them), then a
+// forward and a reverse literal hunk, each the zlib-deflated content in
+// git's base85 lines.
+func writeBinaryPatch(w *bufio.Writer, oldPresent, newPresent bool, old, new []byte, indexMode uint32) {
+	oldID, newID := nullID, nullID
+	if oldPresent {
+		oldID = blobID(old)
+	}
+	if newPresent {
+		newID = blobID(new)
+	}
+	w.WriteString("index " + oldID + ".." + newID)
+	if indexMode != 0 {
+		fmt.Fprintf(w, " %06o", indexMode)
+	}
+	w.WriteString("\nGIT binary patch\n")
+	writeLiteral(w, new)
+	writeLiteral(w, old)
+}
+
+// nullID is git's object id for "no file".
+const nullID = "0000000000000000000000000000000000000000"
+
+// blobID returns the git object id of a blob holding data: the SHA-1 of a
+// "blob SIZE\0" header and the data. It names content in git's own format
+// for git apply, not as a security boundary.
+func blobID(data []byte) string {
+	h := sha1.New()
+	fmt.Fprintf(h, "blob %d\x00", len(data))
+	h.Write(data)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// writeLiteral writes one "literal SIZE" hunk: data deflated with zlib,
+// in lines of at most 52 bytes, each led by its length ('A'-'Z' for 1-26,
+// 'a'-'z' for 27-52) and base85-encoded; a blank line ends the hunk.
+func writeLiteral(w *bufio.Writer, data []byte) {
+	var z bytes.Buffer
+	zw, _ := zlib.NewWriterLevel(&z, zlib.BestCompression) // a valid level never fails
+	zw.Write(data)                                         // a bytes.Buffer never fails
+	zw.Close()
+	fmt.Fprintf(w, "literal %d\n", len(data))
+	deflated := z.Bytes()
+	for len(deflated) > 0 {
+		n := min(len(deflated), 52)
+		if n <= 26 {
+			w.WriteByte(byte('A' + n - 1))
+		} else {
+			w.WriteByte(byte('a' + n - 27))
+		}
+		writeBase85(w, deflated[:n])
+		w.WriteByte('\n')
+		deflated = deflated[n:]
+	}
+	w.WriteByte('\n')
+}
+
+// base85Digits is git's base85 alphabet (not Ascii85's).
+const base85Digits = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~"
+
+// writeBase85 encodes data in groups of four bytes, big-endian, as five
+// digits each, most significant first; a short last group is padded with
+// zero bytes, as git does (the line's length says where the data ends).
+func writeBase85(w *bufio.Writer, data []byte) {
+	for len(data) > 0 {
+		var group [4]byte
+		n := copy(group[:], data)
+		data = data[n:]
+		v := uint32(group[0])<<24 | uint32(group[1])<<16 | uint32(group[2])<<8 | uint32(group[3])
+		var digits [5]byte
+		for i := 4; i >= 0; i-- {
+			digits[i] = base85Digits[v%85]
+			v /= 85
+		}
+		w.Write(digits[:])
 	}
 }
 

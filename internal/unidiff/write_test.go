@@ -2,7 +2,10 @@ package unidiff
 
 import (
 	"bytes"
+	"compress/zlib"
 	"errors"
+	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -223,30 +226,6 @@ rename to b.sh
 `,
 		},
 		{
-			name: "binary",
-			changes: []FileChange{{
-				Path:    "img.bin",
-				Old:     []byte("a\x00b"),
-				New:     []byte("a\x00c"),
-				OldMode: 0100644, NewMode: 0100644,
-			}},
-			want: `diff --git a/img.bin b/img.bin
-Binary files a/img.bin and b/img.bin differ
-`,
-		},
-		{
-			name: "text becomes binary",
-			changes: []FileChange{{
-				Path:    "data",
-				Old:     []byte("text\n"),
-				New:     append([]byte(strings.Repeat("x", 7999)), 0),
-				OldMode: 0100644, NewMode: 0100644,
-			}},
-			want: `diff --git a/data b/data
-Binary files a/data and b/data differ
-`,
-		},
-		{
 			name: "NUL after the first 8000 bytes is text",
 			changes: []FileChange{{
 				Path:    "data",
@@ -256,18 +235,6 @@ Binary files a/data and b/data differ
 			}},
 			want: "diff --git a/data b/data\n--- a/data\n+++ b/data\n@@ -1 +1,2 @@\n " +
 				strings.Repeat("x", 8000) + "\x00\n+y\n",
-		},
-		{
-			name: "binary created",
-			changes: []FileChange{{
-				Path:    "blob",
-				New:     []byte("\x00\x01"),
-				NewMode: 0100644,
-			}},
-			want: `diff --git a/blob b/blob
-new file mode 100644
-Binary files /dev/null and b/blob differ
-`,
 		},
 		{
 			name: "symlink retargeted",
@@ -469,50 +436,50 @@ func TestWriteInvalid(t *testing.T) {
 }
 
 // TestWriteNonUTF8IsBinary checks that content which is not valid UTF-8
-// is reported as binary and never written as text: the diff is carried in
-// a JSON string, where invalid bytes would turn into U+FFFD and "git
-// apply" would then write a different file.
+// is written as a binary patch and never as text: the diff is carried in a
+// JSON string, where invalid bytes would turn into U+FFFD and "git apply"
+// would then write a different file.
 func TestWriteNonUTF8IsBinary(t *testing.T) {
 	latin1Old := []byte("caf\xe9\nna\xefve\n")     // "café", "naïve" in Latin-1
 	latin1New := []byte("caf\xe9\nna\xefve!\n")    // one line changed
 	random := []byte{0x8f, 0xff, 0x41, 0xc3, 0x0a} // no NUL, not UTF-8
 	late := []byte(strings.Repeat("y\n", 5000) + "\xfe\n")
 	tests := []struct {
-		name string
-		c    FileChange
-		want string
+		name   string
+		c      FileChange
+		header string
 	}{
 		{
-			name: "Latin-1 modified",
-			c:    FileChange{Path: "l1.txt", Old: latin1Old, New: latin1New, OldMode: 0100644, NewMode: 0100644},
-			want: "diff --git a/l1.txt b/l1.txt\nBinary files a/l1.txt and b/l1.txt differ\n",
+			name:   "Latin-1 modified",
+			c:      FileChange{Path: "l1.txt", Old: latin1Old, New: latin1New, OldMode: 0100644, NewMode: 0100644},
+			header: "diff --git a/l1.txt b/l1.txt\n",
 		},
 		{
-			name: "random bytes created",
-			c:    FileChange{Path: "r.bin", New: random, NewMode: 0100644},
-			want: "diff --git a/r.bin b/r.bin\nnew file mode 100644\nBinary files /dev/null and b/r.bin differ\n",
+			name:   "random bytes created",
+			c:      FileChange{Path: "r.bin", New: random, NewMode: 0100644},
+			header: "diff --git a/r.bin b/r.bin\nnew file mode 100644\n",
 		},
 		{
-			name: "text becomes Latin-1",
-			c:    FileChange{Path: "t", Old: []byte("cafe\n"), New: latin1Old, OldMode: 0100644, NewMode: 0100644},
-			want: "diff --git a/t b/t\nBinary files a/t and b/t differ\n",
+			name:   "text becomes Latin-1",
+			c:      FileChange{Path: "t", Old: []byte("cafe\n"), New: latin1Old, OldMode: 0100644, NewMode: 0100644},
+			header: "diff --git a/t b/t\n",
 		},
 		{
-			name: "Latin-1 deleted",
-			c:    FileChange{Path: "d", Old: latin1Old, OldMode: 0100644},
-			want: "diff --git a/d b/d\ndeleted file mode 100644\nBinary files a/d and /dev/null differ\n",
+			name:   "Latin-1 deleted",
+			c:      FileChange{Path: "d", Old: latin1Old, OldMode: 0100644},
+			header: "diff --git a/d b/d\ndeleted file mode 100644\n",
 		},
 		{
 			// git looks only at the first 8000 bytes for NUL; an invalid
 			// byte anywhere must count.
-			name: "invalid byte after the first 8000",
-			c:    FileChange{Path: "late", Old: []byte("y\n"), New: late, OldMode: 0100644, NewMode: 0100644},
-			want: "diff --git a/late b/late\nBinary files a/late and b/late differ\n",
+			name:   "invalid byte after the first 8000",
+			c:      FileChange{Path: "late", Old: []byte("y\n"), New: late, OldMode: 0100644, NewMode: 0100644},
+			header: "diff --git a/late b/late\n",
 		},
 		{
-			name: "symlink to a Latin-1 name",
-			c:    FileChange{Path: "lnk", New: []byte("caf\xe9"), NewMode: 0120000},
-			want: "diff --git a/lnk b/lnk\nnew file mode 120000\nBinary files /dev/null and b/lnk differ\n",
+			name:   "symlink to a Latin-1 name",
+			c:      FileChange{Path: "lnk", New: []byte("caf\xe9"), NewMode: 0120000},
+			header: "diff --git a/lnk b/lnk\nnew file mode 120000\n",
 		},
 	}
 	for _, tt := range tests {
@@ -520,9 +487,7 @@ func TestWriteNonUTF8IsBinary(t *testing.T) {
 		if err := Write(&buf, []FileChange{tt.c}); err != nil {
 			t.Fatalf("%s: %v", tt.name, err)
 		}
-		if got := buf.String(); got != tt.want {
-			t.Errorf("%s: got\n%q\nwant\n%q", tt.name, got, tt.want)
-		}
+		checkBinaryPatch(t, tt.name, buf.String(), tt.header, tt.c)
 		if !utf8.Valid(buf.Bytes()) {
 			t.Errorf("%s: output is not valid UTF-8: %q", tt.name, buf.String())
 		}
@@ -568,5 +533,123 @@ func TestQuotePath(t *testing.T) {
 		if got := quotePath(tt.in); got != tt.want {
 			t.Errorf("quotePath(%q) = %s, want %s", tt.in, got, tt.want)
 		}
+	}
+}
+
+// checkBinaryPatch checks that out is header, then a full index line for
+// c's sides, "GIT binary patch", and two literal hunks that inflate to c's
+// new and old content.
+func checkBinaryPatch(t *testing.T, name, out, header string, c FileChange) {
+	t.Helper()
+	oldID, newID := nullID, nullID
+	if c.oldPresent() {
+		oldID = blobID(c.Old)
+	}
+	if c.newPresent() {
+		newID = blobID(c.New)
+	}
+	index := "index " + oldID + ".." + newID
+	if c.oldPresent() && c.newPresent() && c.OldMode == c.NewMode {
+		index += fmt.Sprintf(" %06o", canonicalMode(c.NewMode))
+	}
+	want := header + index + "\nGIT binary patch\n"
+	if !strings.HasPrefix(out, want) {
+		t.Errorf("%s: got\n%q\nwant it to start with\n%q", name, out, want)
+		return
+	}
+	lines := strings.Split(strings.TrimPrefix(out, want), "\n")
+	for i, side := range [][]byte{c.New, c.Old} {
+		var got []byte
+		got, lines = decodeLiteral(t, lines)
+		if !bytes.Equal(got, side) {
+			t.Errorf("%s: literal hunk %d inflates to %q, want %q", name, i, got, side)
+		}
+	}
+	if len(lines) != 1 || lines[0] != "" {
+		t.Errorf("%s: trailing lines after the hunks: %q", name, lines)
+	}
+}
+
+// decodeLiteral reads one "literal N" hunk (base85 lines, then a blank
+// line) from lines and returns the inflated data and the remaining lines.
+func decodeLiteral(t *testing.T, lines []string) ([]byte, []string) {
+	t.Helper()
+	var size int
+	if len(lines) == 0 || func() bool { _, err := fmt.Sscanf(lines[0], "literal %d", &size); return err != nil }() {
+		t.Fatalf("no literal hunk at %q", lines)
+	}
+	var deflated []byte
+	i := 1
+	for ; i < len(lines) && lines[i] != ""; i++ {
+		l := lines[i]
+		n := int(l[0]-'A') + 1
+		if l[0] >= 'a' {
+			n = int(l[0]-'a') + 27
+		}
+		var group []byte
+		for j := 1; j+5 <= len(l); j += 5 {
+			var v uint32
+			for _, d := range []byte(l[j : j+5]) {
+				v = v*85 + uint32(strings.IndexByte(base85Digits, d))
+			}
+			group = append(group, byte(v>>24), byte(v>>16), byte(v>>8), byte(v))
+		}
+		if len(group) < n {
+			t.Fatalf("line %q holds %d bytes, says %d", l, len(group), n)
+		}
+		deflated = append(deflated, group[:n]...)
+	}
+	zr, err := zlib.NewReader(bytes.NewReader(deflated))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(data) != size {
+		t.Fatalf("literal %d inflates to %d bytes", size, len(data))
+	}
+	return data, lines[i+1:]
+}
+
+// TestWriteBinaryPatch: binary changes (NUL bytes) are spelled out as git
+// binary patches; a side over MaxBinaryPatch gets only the notice.
+func TestWriteBinaryPatch(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		c      FileChange
+		header string
+	}{
+		{"modified", FileChange{Path: "img.bin", Old: []byte("a\x00b"), New: []byte("a\x00c"), OldMode: 0100644, NewMode: 0100644}, "diff --git a/img.bin b/img.bin\n"},
+		{"text becomes binary", FileChange{Path: "data", Old: []byte("text\n"), New: append([]byte(strings.Repeat("x", 7999)), 0), OldMode: 0100644, NewMode: 0100644}, "diff --git a/data b/data\n"},
+		{"created", FileChange{Path: "blob", New: []byte("\x00\x01"), NewMode: 0100644}, "diff --git a/blob b/blob\nnew file mode 100644\n"},
+		{"mode and content", FileChange{Path: "x", Old: []byte("\x00"), New: []byte("\x00\x00"), OldMode: 0100644, NewMode: 0100755}, "diff --git a/x b/x\nold mode 100644\nnew mode 100755\n"},
+		{"long", FileChange{Path: "long", Old: []byte{0}, New: bytes.Repeat([]byte{0, 1, 2, 3, 250, 251, 7}, 5000), OldMode: 0100644, NewMode: 0100644}, "diff --git a/long b/long\n"},
+	} {
+		var buf bytes.Buffer
+		if err := Write(&buf, []FileChange{tt.c}); err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		checkBinaryPatch(t, tt.name, buf.String(), tt.header, tt.c)
+	}
+
+	var buf bytes.Buffer
+	big := FileChange{Path: "big", Old: []byte{0}, New: make([]byte, MaxBinaryPatch+1), OldMode: 0100644, NewMode: 0100644}
+	if err := Write(&buf, []FileChange{big}); err != nil {
+		t.Fatal(err)
+	}
+	if want := "diff --git a/big b/big\nBinary files a/big and b/big differ\n"; buf.String() != want {
+		t.Errorf("over MaxBinaryPatch: got %q, want %q", buf.String(), want)
+	}
+}
+
+// TestBlobID pins blobID to git's object ids (git hash-object).
+func TestBlobID(t *testing.T) {
+	if got := blobID(nil); got != "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391" {
+		t.Errorf("empty blob: %s", got)
+	}
+	if got := blobID([]byte("hello\n")); got != "ce013625030ba8dba906f756967f9e9ca394464a" {
+		t.Errorf("hello blob: %s", got)
 	}
 }
