@@ -42,6 +42,10 @@ type Caller struct {
 	Pid int
 	Uid uint32
 	Gid uint32
+	// Host marks an edit the host makes itself through the control socket
+	// (fs/safe_text_patch, pid 0): the agent's edit, captured like a
+	// process's into the open turn and unbound snapshots (capture.go).
+	Host bool
 }
 
 // Journal is the append-only log the engine records every operation in.

@@ -226,3 +226,50 @@ func TestTurnsUserProcess(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "b0\n", h.read("b"), "--force rolls it back too")
 }
+
+// hostEditor is the host editing through the control socket
+// (fs/safe_text_patch passes a Caller with Host set).
+var hostEditor = overlay.Caller{Host: true}
+
+// hostPatch replaces p's content as fs/safe_text_patch does.
+func hostPatch(t *testing.T, h *harness, p, content string) {
+	t.Helper()
+	err := h.e.PatchFile(p, hostEditor, func([]byte, bool) ([]byte, bool, error) {
+		return []byte(content), true, nil
+	})
+	require.NoError(t, err, "patch %s", p)
+}
+
+// The host's own edits are the agent's: the open turn and an unbound tool
+// call's snapshot capture them, a rollback takes them back, and one made
+// after a rollback clears redo instead of being overwritten by it.
+func TestTurnsHostEdits(t *testing.T) {
+	h, st := newSnapHarness(t, overlay.Staged)
+	h.baseFile("f.txt", "f0\n")
+	h.baseFile("g.txt", "g0\n")
+	_, err := h.e.StartTurn("t1", "")
+	require.NoError(t, err)
+	hostPatch(t, h, "f.txt", "f1\n")
+	_, err = h.e.OpenSnapshot("tc1", "t1", 0, nil)
+	require.NoError(t, err)
+	hostPatch(t, h, "g.txt", "g1\n")
+	_, err = h.e.CloseSnapshot("tc1")
+	require.NoError(t, err)
+
+	require.Equal(t, []string{"file g.txt"}, entryKinds(t, st, "tc1"), "the unbound snapshot covers the host")
+	turns := h.e.Turns()
+	require.Len(t, turns, 1)
+	require.ElementsMatch(t, []string{"f.txt", "g.txt"}, turns[0].Paths)
+
+	res, err := h.e.Rollback("t1", nil, false)
+	require.NoError(t, err)
+	require.Empty(t, res.Conflicts)
+	require.Equal(t, "f0\n", h.read("f.txt"))
+	require.Equal(t, "g0\n", h.read("g.txt"))
+
+	hostPatch(t, h, "f.txt", "mine\n")
+	_, err = h.e.Redo()
+	require.ErrorIs(t, err, snapstore.ErrNotFound, "the host's edit after the rollback clears redo")
+	require.Equal(t, "mine\n", h.read("f.txt"))
+	require.Equal(t, "g0\n", h.read("g.txt"))
+}

@@ -43,6 +43,10 @@ var _ control.Backend = (*backend)(nil)
 // ctlCaller marks operations the control socket makes itself.
 var ctlCaller = overlay.Caller{}
 
+// hostEdit marks the host's own edits (fs/safe_text_patch): the agent's
+// work, so turns and unbound snapshots capture them and they clear redo.
+var hostEdit = overlay.Caller{Host: true}
+
 // relPath turns a client's path (workspace-relative, or absolute under the
 // mount or the workspace) into the engine's form.
 func (b *backend) relPath(p string) (string, error) {
@@ -278,7 +282,7 @@ func (b *backend) SafeTextPatch(ctx context.Context, p control.SafeTextPatchPara
 		want = "sha256:" + want
 	}
 	var res control.SafeTextPatchResult
-	err = b.eng.PatchFile(rel, ctlCaller, func(cur []byte, exists bool) ([]byte, bool, error) {
+	err = b.eng.PatchFile(rel, hostEdit, func(cur []byte, exists bool) ([]byte, bool, error) {
 		curHash := ""
 		if exists {
 			curHash = contentHash(cur)
