@@ -138,6 +138,7 @@ type Engine struct {
 	redo      string      // scope of the redo snapshot; "" none (turnMu)
 	redoSeq   int         // (turnMu)
 	redoValid atomic.Bool // cleared by the first tool mutation after a rollback
+	turns     turnState   // turns' bookkeeping in memory (turns.go)
 }
 
 // ScratchFile returns an unnamed file on the upper tree's file system, for

@@ -314,14 +314,7 @@ func (e *Engine) touchedPaths(scope string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []string
-	for _, ent := range ents {
-		out = append(out, ent.Path)
-		if ent.From != "" {
-			out = append(out, ent.From)
-		}
-	}
-	return uniqStrings(out), nil
+	return uniqStrings(entryPaths(ents)), nil
 }
 
 // Turns lists the turns, newest first.
@@ -563,6 +556,11 @@ func (e *Engine) Rollback(turnID string, paths []string, force bool) (RollbackRe
 		res.Failed = append(res.Failed, r.Failed...)
 	}
 	sort.Strings(res.Restored)
+	if e.redo != "" {
+		// Redo compares each path with what the rollback left, so it
+		// overwrites nobody's later edit.
+		e.turns.redoLeft = e.viewStates(e.redo)
+	}
 	e.redoValid.Store(e.redo != "")
 	e.note(Record{Op: "rollback", Detail: fmt.Sprintf("to the start of %s: %d restored, %d conflicts", res.Turn, len(res.Restored), len(res.Conflicts))})
 	return res, nil
@@ -721,8 +719,38 @@ func (e *Engine) readBody(hash string) ([]byte, error) {
 	return []byte(buf.String()), err
 }
 
-// Redo takes back the last rollback, if nothing was changed since.
-func (e *Engine) Redo() (RollbackResult, error) {
+// turnState is what the engine keeps in memory about turns.
+type turnState struct {
+	// redoLeft is what the last rollback left at each path its redo
+	// changes (turnMu). A path no longer in that state was changed by
+	// someone else since: a conflict for redo.
+	redoLeft map[string]*snapshot.Entry
+}
+
+// viewStates reads the view's state of each path scope changes.
+func (e *Engine) viewStates(scope string) map[string]*snapshot.Entry {
+	paths, err := e.touchedPaths(scope)
+	if err != nil {
+		return nil
+	}
+	out := map[string]*snapshot.Entry{}
+	e.rlocked(func() error {
+		for _, p := range paths {
+			if st, err := e.viewState(p); err == nil {
+				out[p] = st
+			}
+		}
+		return nil
+	})
+	return out
+}
+
+// Redo takes back the last rollback, if no process in the mount changed
+// anything since. A path changed since the rollback by someone else (from
+// outside the mount, which does not clear redo) is a conflict: kept, unless
+// force. After a redo with conflicts, redo stays available, so that it can
+// be forced.
+func (e *Engine) Redo(force bool) (RollbackResult, error) {
 	e.turnMu.Lock()
 	defer e.turnMu.Unlock()
 	if e.redo == "" {
@@ -732,13 +760,142 @@ func (e *Engine) Redo() (RollbackResult, error) {
 		e.dropRedo()
 		return RollbackResult{}, fmt.Errorf("%w: files were changed after the rollback, so redo was cleared", snapshot.ErrNotFound)
 	}
-	r, err := e.restoreFiltered(e.redo, func(string) bool { return true })
+	ents, err := e.snaps.Entries(e.redo)
+	if err != nil {
+		e.dropRedo() // evicted by the byte cap
+		return RollbackResult{}, err
+	}
+	var conflicts []Conflict
+	if !force {
+		conflicts = e.redoConflicts(ents)
+	}
+	keep := redoFilter(ents, conflicts)
+	r, err := e.restoreFiltered(e.redo, keep)
 	if err != nil {
 		return RollbackResult{}, err
 	}
-	e.dropRedo()
-	e.note(Record{Op: "redo", Detail: fmt.Sprintf("%d restored", len(r.Restored))})
-	return RollbackResult{Restored: r.Restored, Failed: r.Failed}, nil
+	// Paths a conflict keeps back from a directory move are conflicts too.
+	listed := map[string]bool{}
+	for _, c := range conflicts {
+		listed[c.Path] = true
+	}
+	for _, p := range uniqStrings(entryPaths(ents)) {
+		if !keep(p) && !listed[p] {
+			listed[p] = true
+			conflicts = append(conflicts, Conflict{Path: p, Reason: "in a directory move that a conflict keeps back"})
+		}
+	}
+	sort.Slice(conflicts, func(i, j int) bool { return conflicts[i].Path < conflicts[j].Path })
+	if len(conflicts) == 0 {
+		e.dropRedo()
+	} else {
+		// What redo did is now what it compares with, so only the
+		// conflicts stay conflicts for a forced redo.
+		now := e.viewStates(e.redo)
+		if e.turns.redoLeft == nil {
+			e.turns.redoLeft = map[string]*snapshot.Entry{}
+		}
+		for _, p := range r.Restored {
+			e.turns.redoLeft[p] = now[p]
+		}
+	}
+	e.note(Record{Op: "redo", Detail: fmt.Sprintf("%d restored, %d conflicts", len(r.Restored), len(conflicts))})
+	return RollbackResult{Restored: r.Restored, Conflicts: conflicts, Failed: r.Failed}, nil
+}
+
+// redoConflicts compares each path the redo entries change with what the
+// rollback left there. A directory redo removes or replaces conflicts
+// when it holds files the rollback did not leave (made from outside since).
+func (e *Engine) redoConflicts(ents []snapshot.Entry) []Conflict {
+	left := e.turns.redoLeft
+	// Directory moves happen first: what is below their source goes with
+	// them, and is not removed with a directory that redo removes.
+	var away []string
+	target := map[string]snapshot.Kind{}
+	for _, ent := range ents {
+		if ent.Kind == snapshot.KindMoved {
+			away = append(away, ent.Path)
+		} else {
+			target[ent.Path] = ent.Kind
+		}
+	}
+	var out []Conflict
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	for _, p := range uniqStrings(entryPaths(ents)) {
+		was := left[p]
+		now, err := e.viewState(p)
+		switch {
+		case err != nil:
+			out = append(out, Conflict{Path: p, Reason: "cannot be read: " + err.Error()})
+		case was == nil:
+			out = append(out, Conflict{Path: p, Reason: "what the rollback left is not known", Actual: describe(now)})
+		case !sameState(now, was):
+			out = append(out, Conflict{Path: p, Reason: "changed after the rollback by someone else", Expected: describe(was), Actual: describe(now)})
+		case now.Kind == snapshot.KindDir && target[p] != "" && target[p] != snapshot.KindDir:
+			if q := e.strayBelow(p, left, away); q != "" {
+				out = append(out, Conflict{Path: p, Reason: "holds " + q + ", made after the rollback by someone else", Expected: describe(was), Actual: describe(now)})
+			}
+		}
+	}
+	return out
+}
+
+// strayBelow returns a file or symlink below the directory p that is not
+// in known and not below one of away, "" when there is none.
+func (e *Engine) strayBelow(p string, known map[string]*snapshot.Entry, away []string) string {
+	stray := ""
+	e.walkView(p, func(q string) {
+		if stray != "" || q == p || known[q] != nil {
+			return
+		}
+		for _, a := range away {
+			if isUnder(q, a) {
+				return
+			}
+		}
+		stray = q
+	})
+	return stray
+}
+
+// redoFilter returns which paths redo restores: none of the conflicts,
+// and nothing of a directory move whose source or destination conflicts.
+func redoFilter(ents []snapshot.Entry, conflicts []Conflict) func(string) bool {
+	skip := map[string]bool{}
+	for _, c := range conflicts {
+		skip[c.Path] = true
+	}
+	var trees []string
+	for _, ent := range ents {
+		if ent.Kind == snapshot.KindMoved && (skip[ent.Path] || skip[ent.From]) {
+			trees = append(trees, ent.Path, ent.From)
+		}
+	}
+	return func(p string) bool {
+		if skip[p] {
+			return false
+		}
+		for _, t := range trees {
+			if isUnder(p, t) {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// entryPaths lists the paths entries change: their paths and the old names
+// of moved directories.
+func entryPaths(ents []snapshot.Entry) []string {
+	var out []string
+	for _, ent := range ents {
+		out = append(out, ent.Path)
+		if ent.From != "" {
+			out = append(out, ent.From)
+		}
+	}
+	return out
 }
 
 func (e *Engine) dropRedo() {
@@ -746,6 +903,7 @@ func (e *Engine) dropRedo() {
 		e.snaps.Drop(e.redo)
 		e.redo = ""
 	}
+	e.turns.redoLeft = nil
 	e.redoValid.Store(false)
 }
 

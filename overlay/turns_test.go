@@ -61,10 +61,10 @@ func TestTurnsRollbackEachAndRedo(t *testing.T) {
 					require.Empty(t, h.pending(), "rolled back to the workspace: nothing pending")
 				}
 
-				_, err = h.e.Redo()
+				_, err = h.e.Redo(false)
 				require.NoError(t, err)
 				require.Equal(t, end, h.view(), "view after redo")
-				_, err = h.e.Redo()
+				_, err = h.e.Redo(false)
 				require.Error(t, err, "a redo is used once")
 			}
 		})
@@ -89,7 +89,7 @@ func TestTurnsNewMutationClearsRedo(t *testing.T) {
 	_, err := h.e.Rollback("", nil, false)
 	require.NoError(t, err)
 	h.create("after", "a\n")
-	_, err = h.e.Redo()
+	_, err = h.e.Redo(false)
 	require.ErrorIs(t, err, snapstore.ErrNotFound)
 	require.Equal(t, "f1\n", h.read("f.txt"), "the rollback stays")
 }
@@ -268,8 +268,57 @@ func TestTurnsHostEdits(t *testing.T) {
 	require.Equal(t, "g0\n", h.read("g.txt"))
 
 	hostPatch(t, h, "f.txt", "mine\n")
-	_, err = h.e.Redo()
+	_, err = h.e.Redo(false)
 	require.ErrorIs(t, err, snapstore.ErrNotFound, "the host's edit after the rollback clears redo")
 	require.Equal(t, "mine\n", h.read("f.txt"))
 	require.Equal(t, "g0\n", h.read("g.txt"))
+}
+
+// An edit made directly in the workspace after a rollback does not clear
+// redo (the mount never sees it), so redo compares each path with what the
+// rollback left: a changed one is a conflict, kept until a forced redo. A
+// directory redo would remove is a conflict when someone put a file in it.
+func TestTurnsRedoConflictWithWorkspaceEdit(t *testing.T) {
+	for _, mode := range []overlay.Mode{overlay.Staged, overlay.Immediate} {
+		t.Run(string(mode), func(t *testing.T) {
+			h, _ := newSnapHarness(t, mode)
+			h.baseFile("a", "a0\n")
+			h.baseFile("b", "b0\n")
+			h.baseFile("d/x", "x0\n")
+			_, err := h.e.StartTurn("t1", "")
+			require.NoError(t, err)
+			h.overwrite("a", "a1\n")
+			h.overwrite("b", "b1\n")
+			h.unlink("d/x")
+			h.rmdir("d")
+			_, err = h.e.Rollback("t1", nil, false)
+			require.NoError(t, err)
+			require.Equal(t, "b0\n", h.read("b"))
+			require.Equal(t, "x0\n", h.read("d/x"))
+
+			// The user edits b and adds d/new in the workspace.
+			require.NoError(t, os.WriteFile(h.wsPath("b"), []byte("user\n"), 0o644))
+			require.NoError(t, os.WriteFile(h.wsPath("d/new"), []byte("new\n"), 0o644))
+			res, err := h.e.Redo(false)
+			require.NoError(t, err)
+			var paths []string
+			for _, c := range res.Conflicts {
+				paths = append(paths, c.Path)
+			}
+			require.Equal(t, []string{"b", "d"}, paths)
+			require.Equal(t, "a1\n", h.read("a"), "the rest is redone")
+			require.Equal(t, "user\n", h.read("b"), "the user's edit is kept")
+			require.Equal(t, "new\n", h.read("d/new"), "the user's file is kept")
+			h.requireMissing("d/x")
+
+			// Redo stays available for a forced redo, which overwrites.
+			res, err = h.e.Redo(true)
+			require.NoError(t, err)
+			require.Empty(t, res.Conflicts)
+			require.Equal(t, "b1\n", h.read("b"))
+			h.requireMissing("d")
+			_, err = h.e.Redo(false)
+			require.ErrorIs(t, err, snapstore.ErrNotFound, "a complete redo is used")
+		})
+	}
 }
