@@ -179,7 +179,7 @@ func New(opts Options) (*Engine, error) {
 		e.turnOpts.MaxAge = 7 * 24 * time.Hour
 	}
 	if e.snaps = opts.Snapshots; e.snaps != nil {
-		e.dropStaleRedo()
+		e.startTurns()
 		e.openSnaps.Store(int64(len(e.snaps.OpenSnapshots())))
 	}
 	var err error

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -109,19 +110,28 @@ func (e *Engine) isUserProcess(pid int) bool {
 	return false
 }
 
-func (e *Engine) userFile(turn string) string {
-	return filepath.Join(e.opts.StateDir, "posts", turnPrefix+turn+".user")
+// A turn's notes name the paths someone other than the agent changed
+// while it was open; a rollback of the turn keeps them as conflicts.
+const (
+	userNote    = ".user"    // by a process marked as the user's
+	outsideNote = ".outside" // from outside the mount (outsideChangesLocked)
+)
+
+func (e *Engine) noteFile(turn, kind string) string {
+	return filepath.Join(e.opts.StateDir, "posts", turnPrefix+turn+kind)
 }
 
 // noteUserChange records, for the open turn, paths a user's process
 // changed.
 func (e *Engine) noteUserChange(paths []string) {
-	turn := e.CurrentTurn()
-	if turn == "" {
-		return
+	if turn := e.CurrentTurn(); turn != "" {
+		e.addNote(turn, userNote, paths)
 	}
-	os.MkdirAll(filepath.Dir(e.userFile(turn)), 0o700)
-	f, err := os.OpenFile(e.userFile(turn), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+}
+
+func (e *Engine) addNote(turn, kind string, paths []string) {
+	os.MkdirAll(filepath.Dir(e.noteFile(turn, kind)), 0o700)
+	f, err := os.OpenFile(e.noteFile(turn, kind), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		e.logf("note the user's change: %v", err)
 		return
@@ -132,8 +142,8 @@ func (e *Engine) noteUserChange(paths []string) {
 	f.Close()
 }
 
-func (e *Engine) userChanged(turn string) map[string]bool {
-	b, err := os.ReadFile(e.userFile(turn))
+func (e *Engine) readNote(turn, kind string) map[string]bool {
+	b, err := os.ReadFile(e.noteFile(turn, kind))
 	if err != nil {
 		return nil
 	}
@@ -188,10 +198,12 @@ func (e *Engine) StartTurn(id, label string) (Turn, error) {
 	}
 	// A turn id used again replaces the old turn.
 	e.dropTurn(id)
+	start := time.Now().UnixNano()
 	info, err := e.OpenSnapshot(turnPrefix+id, id, 0, nil)
 	if err != nil {
 		return Turn{}, err
 	}
+	e.beginTurnWrites(start)
 	labels[id] = turnLabel{Label: label, Started: info.Created}
 	if err := e.saveTurnLabels(labels); err != nil {
 		return Turn{}, err
@@ -209,7 +221,93 @@ func (e *Engine) endTurnLocked() error {
 	if err != nil {
 		return err
 	}
+	var outside []string
+	e.rlocked(func() error {
+		outside = e.outsideChangesLocked(uniqStrings(info.Paths))
+		return nil
+	})
+	e.endTurnWrites()
+	if len(outside) > 0 {
+		e.addNote(cur, outsideNote, outside)
+	}
 	return e.capturePost(cur, info.Paths)
+}
+
+// beginTurnWrites starts noting the mount's changes for a turn opened at
+// since (unix ns).
+func (e *Engine) beginTurnWrites(since int64) {
+	w := &e.turns
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.open, w.since, w.changed = true, since, map[string]int64{}
+}
+
+func (e *Engine) endTurnWrites() {
+	w := &e.turns
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.open, w.changed = false, nil
+}
+
+// noteTurnChange notes, while a turn is open, that the mount has just
+// changed the paths of r: appendRecord calls it for every journal record,
+// and every change through the mount is journaled after it is made.
+func (e *Engine) noteTurnChange(r Record) {
+	w := &e.turns
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.open {
+		return
+	}
+	now := time.Now().UnixNano()
+	switch {
+	case r.Op == "commit_end":
+		// A commit writes workspace files with no record per path: all
+		// of them are the mount's up to now.
+		w.since, w.changed = now, map[string]int64{}
+	case r.Path != "" && r.Op != "denied":
+		w.changed[r.Path] = now
+		if r.Path2 != "" {
+			w.changed[r.Path2] = now
+		}
+	}
+}
+
+// outsideChangesLocked returns the paths (of the open turn) whose file
+// changed after the mount last changed it: someone changed it outside the
+// mount, so what the turn left there is not what the view shows. A file's
+// ctime tells, as only the kernel sets it. Only files the view shows from
+// the workspace can change so: the daemon alone writes the upper tree.
+// Directories are left out: their ctime changes with every entry made in
+// them. An edit within a clock tick (a few ms) of the mount's last change
+// can go unseen. Called under e.mu (read).
+func (e *Engine) outsideChangesLocked(paths []string) []string {
+	w := &e.turns
+	known := make(map[string]int64, len(paths))
+	w.mu.Lock()
+	if !w.open {
+		w.mu.Unlock()
+		return nil
+	}
+	for _, p := range paths {
+		known[p] = max(w.since, w.changed[p])
+	}
+	w.mu.Unlock()
+	var out []string
+	for _, p := range paths {
+		l, err := e.locate(p)
+		if err != nil || l.m != nil || !l.hasBase {
+			continue
+		}
+		st, err := e.base.lstat(l.basePath)
+		if err != nil || st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+			continue
+		}
+		if st.Ctim.Nano() > known[p] {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // capturePost records what the turn left at each path it changed.
@@ -241,6 +339,16 @@ func (e *Engine) capturePost(id string, paths []string) error {
 	return err
 }
 
+// startTurns picks up the turns a previous daemon left, as the engine
+// starts.
+func (e *Engine) startTurns() {
+	e.dropStaleRedo()
+	if e.CurrentTurn() != "" {
+		// What changed while no daemon ran is not known: from now on.
+		e.beginTurnWrites(time.Now().UnixNano())
+	}
+}
+
 // dropStaleRedo removes redo snapshots a previous daemon left: redo does not
 // survive a restart.
 func (e *Engine) dropStaleRedo() {
@@ -266,7 +374,8 @@ func uniqStrings(s []string) []string {
 func (e *Engine) dropTurn(id string) {
 	e.snaps.Drop(turnPrefix + id)
 	e.snaps.Drop(postPrefix + id)
-	os.Remove(e.userFile(id))
+	os.Remove(e.noteFile(id, userNote))
+	os.Remove(e.noteFile(id, outsideNote))
 }
 
 // pruneTurns keeps the newest MaxTurns turns younger than MaxAge (the open
@@ -375,6 +484,7 @@ func (e *Engine) planRollback(turnID string, only []string, force bool) (*rollba
 	}
 	plan := &rollbackPlan{post: map[string]*snapshot.Entry{}, pre: map[string][]snapshot.Entry{}, target: map[string]snapshot.Entry{}}
 	seen := map[string]bool{}
+	var openPaths []string // the paths of the open turn, if it is one of them
 	for i := len(ts) - 1; i >= k; i-- {
 		id := strings.TrimPrefix(ts[i].ScopeID, turnPrefix)
 		plan.turns = append(plan.turns, id)
@@ -407,6 +517,9 @@ func (e *Engine) planRollback(turnID string, only []string, force bool) (*rollba
 			if !within(p, only) {
 				continue
 			}
+			if !ts[i].Closed {
+				openPaths = append(openPaths, p)
+			}
 			if !seen[p] {
 				seen[p] = true
 				plan.paths = append(plan.paths, p)
@@ -418,26 +531,33 @@ func (e *Engine) planRollback(turnID string, only []string, force bool) (*rollba
 	if force {
 		return plan, nil
 	}
-	// A path a process the host marked as the user's changed during one
-	// of these turns holds the user's work: a conflict.
-	userSet := map[string]bool{}
+	// A path changed during one of these turns by a process the host
+	// marked as the user's, or from outside the mount, holds the user's
+	// work: a conflict.
+	reason := map[string]string{}
 	for _, id := range plan.turns {
-		for p := range e.userChanged(id) {
-			userSet[p] = true
+		for p := range e.readNote(id, outsideNote) {
+			reason[p] = "changed outside the mount during the turn"
 		}
-	}
-	userConflict := map[string]bool{}
-	for _, p := range plan.paths {
-		if userSet[p] {
-			userConflict[p] = true
-			plan.conflicts = append(plan.conflicts, Conflict{Path: p, Reason: "changed during the turn by a process marked as the user's"})
+		for p := range e.readNote(id, userNote) {
+			reason[p] = "changed during the turn by a process marked as the user's"
 		}
 	}
 	e.mu.RLock()
 	defer e.mu.RUnlock()
+	for _, p := range e.outsideChangesLocked(openPaths) {
+		if reason[p] == "" {
+			reason[p] = "changed outside the mount during the turn"
+		}
+	}
+	for _, p := range plan.paths {
+		if reason[p] != "" {
+			plan.conflicts = append(plan.conflicts, Conflict{Path: p, Reason: reason[p]})
+		}
+	}
 	for _, p := range plan.paths {
 		post := plan.post[p]
-		if userConflict[p] {
+		if reason[p] != "" {
 			continue
 		}
 		if post == nil {
@@ -725,6 +845,15 @@ type turnState struct {
 	// changes (turnMu). A path no longer in that state was changed by
 	// someone else since: a conflict for redo.
 	redoLeft map[string]*snapshot.Entry
+
+	// While a turn is open, mu guards when the mount last changed each
+	// path (changed, unix ns), and since when every change through the
+	// mount is noted (since: the turn's start, the engine's start or the
+	// last commit). outsideChangesLocked compares files' ctimes with it.
+	mu      sync.Mutex
+	open    bool
+	since   int64
+	changed map[string]int64
 }
 
 // viewStates reads the view's state of each path scope changes.

@@ -322,3 +322,68 @@ func TestTurnsRedoConflictWithWorkspaceEdit(t *testing.T) {
 		})
 	}
 }
+
+// conflictPaths lists the paths of a result's conflicts.
+func conflictPaths(res overlay.RollbackResult) []string {
+	out := []string{}
+	for _, c := range res.Conflicts {
+		out = append(out, c.Path)
+	}
+	return out
+}
+
+// A user's edit made outside the mount, while the turn is still open, to a
+// file the turn changed is a conflict for the rollback of that turn, whether
+// the rollback or the next turn ends it: it is not what the turn left.
+func TestTurnsOutsideEditDuringTurn(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mode   overlay.Mode
+		commit bool // commit the turn's changes before the user's edit
+		next   bool // start the next turn before the rollback
+	}{
+		{"immediate", overlay.Immediate, false, false},
+		{"immediate next turn", overlay.Immediate, false, true},
+		{"staged committed", overlay.Staged, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, _ := newSnapHarness(t, tc.mode)
+			h.baseFile("a", "a0\n")
+			h.baseFile("b", "b0\n")
+			_, err := h.e.StartTurn("t1", "")
+			require.NoError(t, err)
+			h.overwrite("a", "a1\n")
+			h.overwrite("b", "b1\n")
+			h.create("c", "c1\n")
+			h.rename("c", "c2")
+			if tc.commit {
+				h.commitAll()
+			}
+			// Past the kernel's clock tick, so that the edit's ctime is
+			// later than the mount's last change.
+			time.Sleep(20 * time.Millisecond)
+			require.NoError(t, os.WriteFile(h.wsPath("b"), []byte("user\n"), 0o644))
+			if tc.next {
+				_, err = h.e.StartTurn("t2", "")
+				require.NoError(t, err)
+			} else {
+				_, conflicts, err := h.e.RollbackDiff("t1", nil, false)
+				require.NoError(t, err)
+				require.Len(t, conflicts, 1, "rollback --diff while the turn is open")
+				require.Equal(t, "b", conflicts[0].Path)
+			}
+
+			res, err := h.e.Rollback("t1", nil, false)
+			require.NoError(t, err)
+			require.Equal(t, []string{"b"}, conflictPaths(res))
+			require.Contains(t, res.Conflicts[0].Reason, "outside the mount")
+			require.Equal(t, "a0\n", h.read("a"))
+			require.Equal(t, "user\n", h.read("b"), "the user's edit is kept")
+			h.requireMissing("c2")
+
+			_, err = h.e.Rollback("t1", []string{"b"}, true)
+			require.NoError(t, err)
+			require.Equal(t, "b0\n", h.read("b"), "--force rolls it back too")
+		})
+	}
+}
