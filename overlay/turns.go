@@ -230,7 +230,9 @@ func (e *Engine) endTurnLocked() error {
 	if len(outside) > 0 {
 		e.addNote(cur, outsideNote, outside)
 	}
-	return e.capturePost(cur, info.Paths)
+	err = e.capturePost(cur, info.Paths)
+	e.dropOrphans() // closing may have made the byte cap evict a turn
+	return err
 }
 
 // beginTurnWrites starts noting the mount's changes for a turn opened at
@@ -343,6 +345,8 @@ func (e *Engine) capturePost(id string, paths []string) error {
 // starts.
 func (e *Engine) startTurns() {
 	e.dropStaleRedo()
+	// Retention holds from the start, not only from the next turn.
+	e.pruneTurns(e.loadTurnLabels())
 	if e.CurrentTurn() != "" {
 		// What changed while no daemon ran is not known: from now on.
 		e.beginTurnWrites(time.Now().UnixNano())
@@ -376,14 +380,34 @@ func (e *Engine) dropTurn(id string) {
 	e.snaps.Drop(postPrefix + id)
 	os.Remove(e.noteFile(id, userNote))
 	os.Remove(e.noteFile(id, outsideNote))
+	os.Remove(e.incompleteFile(turnPrefix + id))
+}
+
+// dropOrphans drops what is left of turns whose snapshot is gone: the byte
+// cap evicts snapshots one at a time, oldest first, so it can drop a turn's
+// pre-images and leave its end state (post:ID), which then holds bytes and
+// tells nothing. It reports whether it dropped any.
+func (e *Engine) dropOrphans() bool {
+	dropped := false
+	for _, s := range e.snaps.List() {
+		id, ok := strings.CutPrefix(s.ScopeID, postPrefix)
+		if !ok {
+			continue
+		}
+		if _, ok := e.snaps.Lookup(turnPrefix + id); !ok {
+			e.dropTurn(id)
+			dropped = true
+		}
+	}
+	return dropped
 }
 
 // pruneTurns keeps the newest MaxTurns turns younger than MaxAge (the open
 // turn always stays), then collects unreferenced bodies.
 func (e *Engine) pruneTurns(labels map[string]turnLabel) {
+	changed := e.dropOrphans()
 	turns := e.turnSnapshots()
 	cutoff := time.Now().Add(-e.turnOpts.MaxAge).UnixNano()
-	changed := false
 	for i, t := range turns {
 		tooMany := len(turns)-i > e.turnOpts.MaxTurns
 		if t.Closed && (tooMany || t.Created < cutoff) {

@@ -1,7 +1,10 @@
 package overlay_test
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -385,5 +388,72 @@ func TestTurnsOutsideEditDuringTurn(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, "b0\n", h.read("b"), "--force rolls it back too")
 		})
+	}
+}
+
+// Retention holds as the engine starts: turns past the count or the age a
+// restart now allows are pruned before any new turn starts.
+func TestTurnsPruneAtStart(t *testing.T) {
+	h, st := newSnapHarness(t, overlay.Staged)
+	h.baseFile("f", "0\n")
+	for i := 0; i < 4; i++ {
+		_, err := h.e.StartTurn("", "")
+		require.NoError(t, err)
+		h.overwrite("f", string(rune('a'+i))+"\n")
+	}
+	require.Len(t, h.e.Turns(), 4)
+
+	require.NoError(t, h.e.Close())
+	h.e = nil
+	h.opts.Turns = overlay.TurnOptions{MaxTurns: 2}
+	h.open()
+	turns := h.e.Turns()
+	require.Len(t, turns, 2, "pruned by count at start-up")
+	require.Equal(t, "t4", turns[0].ID)
+	require.True(t, turns[0].Open)
+
+	require.NoError(t, h.e.Close())
+	h.e = nil
+	h.opts.Turns = overlay.TurnOptions{MaxAge: time.Nanosecond}
+	h.open()
+	turns = h.e.Turns()
+	require.Len(t, turns, 1, "pruned by age at start-up; the open turn stays")
+	require.Equal(t, "t4", turns[0].ID)
+	for _, s := range st.List() {
+		require.NotContains(t, []string{"post:t1", "post:t2", "post:t3"}, s.ScopeID)
+	}
+}
+
+// The byte cap evicts snapshots one at a time; a turn's end state goes with
+// its pre-images, not later.
+func TestTurnsByteCapDropsEndStates(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "snapshots")
+	h, _ := newSnapHarnessIn(t, overlay.Staged, dir)
+	require.NoError(t, h.e.Close())
+	h.e = nil
+	st, err := snapstore.Open(dir, snapstore.Options{ByteCap: 4096})
+	require.NoError(t, err)
+	h.opts.Snapshots = st
+	h.open()
+	const size = 3 << 10
+	for i := 1; i <= 4; i++ {
+		h.baseFile(fmt.Sprintf("f%d", i), strings.Repeat(fmt.Sprint(i), size))
+	}
+	for i := 1; i <= 4; i++ {
+		_, err := h.e.StartTurn(fmt.Sprintf("t%d", i), "")
+		require.NoError(t, err)
+		h.overwrite(fmt.Sprintf("f%d", i), strings.Repeat("x", size-1)+fmt.Sprint(i))
+	}
+	_, err = h.e.StartTurn("last", "")
+	require.NoError(t, err)
+	kept := map[string]bool{}
+	for _, s := range st.List() {
+		kept[s.ScopeID] = true
+	}
+	require.False(t, kept["turn:t1"], "the byte cap evicted nothing: %v", kept)
+	for scope := range kept {
+		if id, ok := strings.CutPrefix(scope, "post:"); ok {
+			require.True(t, kept["turn:"+id], "%s is left without turn:%s", scope, id)
+		}
 	}
 }
