@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"stagefs/overlay"
 	snapstore "stagefs/snapshot"
@@ -456,4 +457,33 @@ func TestTurnsByteCapDropsEndStates(t *testing.T) {
 			require.True(t, kept["turn:"+id], "%s is left without turn:%s", scope, id)
 		}
 	}
+}
+
+// A write after a rollback through a file opened before it reaches the
+// daemon only as a write on a handle, which does not clear redo; redo
+// still keeps it, as a conflict.
+func TestTurnsRedoKeepsWriteThroughOpenFile(t *testing.T) {
+	h, _ := newSnapHarness(t, overlay.Immediate)
+	h.baseFile("a", "a0\n")
+	h.baseFile("b", "b0\n")
+	_, err := h.e.StartTurn("t1", "")
+	require.NoError(t, err)
+	h.overwrite("b", "b1\n")
+	f, err := h.e.Open("a", unix.O_WRONLY, caller)
+	require.NoError(t, err)
+	_, err = unix.Pwrite(f.Fd, []byte("a1\n"), 0)
+	require.NoError(t, err)
+
+	_, err = h.e.Rollback("t1", nil, false)
+	require.NoError(t, err)
+	require.Equal(t, "a0\n", h.read("a"))
+	_, err = unix.Pwrite(f.Fd, []byte("late\n"), 0)
+	require.NoError(t, err)
+	h.e.Release("a", f, caller)
+
+	res, err := h.e.Redo(false)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a"}, conflictPaths(res))
+	require.Equal(t, "late\n", h.read("a"), "the write after the rollback is kept")
+	require.Equal(t, "b1\n", h.read("b"))
 }
