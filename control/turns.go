@@ -58,6 +58,12 @@ type RollbackResult struct {
 	Diff          string     `json:"diff,omitempty"`
 }
 
+// RedoParams takes back the last rollback. A path changed since the
+// rollback by someone else is a conflict: kept, unless Force.
+type RedoParams struct {
+	Force bool `json:"force,omitempty"`
+}
+
 // MarkUserParams marks a process (and its descendants) as the user's, or
 // with Remove unmarks it: its changes are never part of a turn, and a path
 // it changes during a turn is a conflict for a rollback of that turn.
@@ -100,7 +106,7 @@ func (c *Client) Rollback(ctx context.Context, p RollbackParams) (RollbackResult
 	return r, c.Call(ctx, MethodRollback, p, &r)
 }
 
-func (c *Client) Redo(ctx context.Context) (RollbackResult, error) {
+func (c *Client) Redo(ctx context.Context, p RedoParams) (RollbackResult, error) {
 	var r RollbackResult
-	return r, c.Call(ctx, MethodRedo, struct{}{}, &r)
+	return r, c.Call(ctx, MethodRedo, p, &r)
 }

@@ -26,18 +26,18 @@ import (
 
 // capture records the pre-images of paths for every open snapshot that
 // covers c and has not captured them yet. Operations by the daemon itself
-// (pid 0: commit, discard, restore, the control socket's writes) are not
-// tool mutations and are never captured. A failure fails the mutation:
+// (pid 0: commit, discard, restore) are not tool mutations and are never
+// captured; the host's own edits (c.Host) are. A failure fails the mutation:
 // nothing may change without its pre-image.
 func (e *Engine) capture(c Caller, paths ...string) error {
 	if err := e.checkDeny(c, paths...); err != nil {
 		return err
 	}
-	if c.Pid != 0 && e.redoValid.Load() {
+	if (c.Pid != 0 || c.Host) && e.redoValid.Load() {
 		// A new change after a rollback: redo would overwrite it.
 		e.redoValid.Store(false)
 	}
-	if e.snaps == nil || c.Pid == 0 || e.openSnaps.Load() == 0 {
+	if e.snaps == nil || (c.Pid == 0 && !c.Host) || e.openSnaps.Load() == 0 {
 		return nil
 	}
 	open := e.snaps.OpenSnapshots()

@@ -45,6 +45,10 @@ type Caller struct {
 	// Comm is the process's command name; the engine reads it from /proc
 	// (cached) when it is empty.
 	Comm string
+	// Host marks an edit the host makes itself through the control socket
+	// (fs/safe_text_patch): the agent's edit, captured like a process's
+	// into the open turn and unbound snapshots (capture.go).
+	Host bool
 }
 
 // Journal is the append-only log the engine records every operation in.
@@ -135,6 +139,7 @@ type Engine struct {
 	redo      string      // scope of the redo snapshot; "" none (turnMu)
 	redoSeq   int         // (turnMu)
 	redoValid atomic.Bool // cleared by the first tool mutation after a rollback
+	turns     turnState   // turns' bookkeeping in memory (turns.go)
 }
 
 // ScratchFile returns an unnamed file on the upper tree's file system, for
@@ -177,7 +182,7 @@ func New(opts Options) (*Engine, error) {
 	if e.snaps = opts.Snapshots; e.snaps != nil {
 		e.snaps.OnDrop(func(id string) { os.Remove(e.postFile(id)) })
 		e.removeStalePosts()
-		e.dropStaleRedo()
+		e.startTurns()
 		e.openSnaps.Store(int64(len(e.snaps.OpenSnapshots())))
 	}
 	var err error

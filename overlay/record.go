@@ -60,6 +60,7 @@ func (e *Engine) recordLazy(r Record) {
 }
 
 func (e *Engine) appendRecord(r Record, durable bool) error {
+	e.noteTurnChange(r) // what the turn itself changed (turns.go)
 	if e.journal == nil {
 		return nil
 	}

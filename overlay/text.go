@@ -64,7 +64,9 @@ var ErrBusy = errors.New("a process has the file open for writing")
 // content and returns the new one (write false: leave it). The engine lock
 // is held from the read to the write, so no process in the mount can open
 // p for writing in between, and a file already open for writing is
-// refused with ErrBusy.
+// refused with ErrBusy. The control socket passes a Caller with Host set:
+// the host's edit is captured into the open turn and unbound snapshots and
+// clears redo, like any process's edit.
 func (e *Engine) PatchFile(p string, c Caller, decide func(cur []byte, exists bool) (next []byte, write bool, err error)) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()

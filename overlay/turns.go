@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -109,19 +110,28 @@ func (e *Engine) isUserProcess(pid int) bool {
 	return false
 }
 
-func (e *Engine) userFile(turn string) string {
-	return filepath.Join(e.opts.StateDir, "posts", turnPrefix+turn+".user")
+// A turn's notes name the paths someone other than the agent changed
+// while it was open; a rollback of the turn keeps them as conflicts.
+const (
+	userNote    = ".user"    // by a process marked as the user's
+	outsideNote = ".outside" // from outside the mount (outsideChangesLocked)
+)
+
+func (e *Engine) noteFile(turn, kind string) string {
+	return filepath.Join(e.opts.StateDir, "posts", turnPrefix+turn+kind)
 }
 
 // noteUserChange records, for the open turn, paths a user's process
 // changed.
 func (e *Engine) noteUserChange(paths []string) {
-	turn := e.CurrentTurn()
-	if turn == "" {
-		return
+	if turn := e.CurrentTurn(); turn != "" {
+		e.addNote(turn, userNote, paths)
 	}
-	os.MkdirAll(filepath.Dir(e.userFile(turn)), 0o700)
-	f, err := os.OpenFile(e.userFile(turn), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+}
+
+func (e *Engine) addNote(turn, kind string, paths []string) {
+	os.MkdirAll(filepath.Dir(e.noteFile(turn, kind)), 0o700)
+	f, err := os.OpenFile(e.noteFile(turn, kind), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		e.logf("note the user's change: %v", err)
 		return
@@ -132,8 +142,8 @@ func (e *Engine) noteUserChange(paths []string) {
 	f.Close()
 }
 
-func (e *Engine) userChanged(turn string) map[string]bool {
-	b, err := os.ReadFile(e.userFile(turn))
+func (e *Engine) readNote(turn, kind string) map[string]bool {
+	b, err := os.ReadFile(e.noteFile(turn, kind))
 	if err != nil {
 		return nil
 	}
@@ -188,10 +198,12 @@ func (e *Engine) StartTurn(id, label string) (Turn, error) {
 	}
 	// A turn id used again replaces the old turn.
 	e.dropTurn(id)
+	start := time.Now().UnixNano()
 	info, err := e.OpenSnapshot(turnPrefix+id, id, 0, nil)
 	if err != nil {
 		return Turn{}, err
 	}
+	e.beginTurnWrites(start)
 	labels[id] = turnLabel{Label: label, Started: info.Created}
 	if err := e.saveTurnLabels(labels); err != nil {
 		return Turn{}, err
@@ -209,7 +221,95 @@ func (e *Engine) endTurnLocked() error {
 	if err != nil {
 		return err
 	}
-	return e.capturePost(cur, info.Paths)
+	var outside []string
+	e.rlocked(func() error {
+		outside = e.outsideChangesLocked(uniqStrings(info.Paths))
+		return nil
+	})
+	e.endTurnWrites()
+	if len(outside) > 0 {
+		e.addNote(cur, outsideNote, outside)
+	}
+	err = e.capturePost(cur, info.Paths)
+	e.dropOrphans() // closing may have made the byte cap evict a turn
+	return err
+}
+
+// beginTurnWrites starts noting the mount's changes for a turn opened at
+// since (unix ns).
+func (e *Engine) beginTurnWrites(since int64) {
+	w := &e.turns
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.open, w.since, w.changed = true, since, map[string]int64{}
+}
+
+func (e *Engine) endTurnWrites() {
+	w := &e.turns
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.open, w.changed = false, nil
+}
+
+// noteTurnChange notes, while a turn is open, that the mount has just
+// changed the paths of r: appendRecord calls it for every journal record,
+// and every change through the mount is journaled after it is made.
+func (e *Engine) noteTurnChange(r Record) {
+	w := &e.turns
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.open {
+		return
+	}
+	now := time.Now().UnixNano()
+	switch {
+	case r.Op == "commit_end":
+		// A commit writes workspace files with no record per path: all
+		// of them are the mount's up to now.
+		w.since, w.changed = now, map[string]int64{}
+	case r.Path != "" && r.Op != "denied":
+		w.changed[r.Path] = now
+		if r.Path2 != "" {
+			w.changed[r.Path2] = now
+		}
+	}
+}
+
+// outsideChangesLocked returns the paths (of the open turn) whose file
+// changed after the mount last changed it: someone changed it outside the
+// mount, so what the turn left there is not what the view shows. A file's
+// ctime tells, as only the kernel sets it. Only files the view shows from
+// the workspace can change so: the daemon alone writes the upper tree.
+// Directories are left out: their ctime changes with every entry made in
+// them. An edit within a clock tick (a few ms) of the mount's last change
+// can go unseen. Called under e.mu (read).
+func (e *Engine) outsideChangesLocked(paths []string) []string {
+	w := &e.turns
+	known := make(map[string]int64, len(paths))
+	w.mu.Lock()
+	if !w.open {
+		w.mu.Unlock()
+		return nil
+	}
+	for _, p := range paths {
+		known[p] = max(w.since, w.changed[p])
+	}
+	w.mu.Unlock()
+	var out []string
+	for _, p := range paths {
+		l, err := e.locate(p)
+		if err != nil || l.m != nil || !l.hasBase {
+			continue
+		}
+		st, err := e.base.lstat(l.basePath)
+		if err != nil || st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+			continue
+		}
+		if st.Ctim.Nano() > known[p] {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // capturePost records what the turn left at each path it changed.
@@ -226,10 +326,17 @@ func (e *Engine) capturePost(id string, paths []string) error {
 	err := e.rlocked(func() error {
 		for _, p := range uniqStrings(paths) {
 			pre, err := e.preImage(p)
-			if err != nil {
-				return err
+			if err == nil {
+				err = e.snaps.Add(scope, *pre)
 			}
-			if err := e.snaps.Add(scope, *pre); err != nil {
+			if errors.Is(err, snapshot.ErrOverCap) {
+				// No room for this end state: rollback then treats the
+				// path as it does one of an open turn (no later-change
+				// check), rather than the turn failing to end.
+				e.logf("end state of %s in turn %s: %v", p, id, err)
+				continue
+			}
+			if err != nil {
 				return err
 			}
 		}
@@ -239,6 +346,18 @@ func (e *Engine) capturePost(id string, paths []string) error {
 		err = cerr
 	}
 	return err
+}
+
+// startTurns picks up the turns a previous daemon left, as the engine
+// starts.
+func (e *Engine) startTurns() {
+	e.dropStaleRedo()
+	// Retention holds from the start, not only from the next turn.
+	e.pruneTurns(e.loadTurnLabels())
+	if e.CurrentTurn() != "" {
+		// What changed while no daemon ran is not known: from now on.
+		e.beginTurnWrites(time.Now().UnixNano())
+	}
 }
 
 // dropStaleRedo removes redo snapshots a previous daemon left: redo does not
@@ -266,15 +385,35 @@ func uniqStrings(s []string) []string {
 func (e *Engine) dropTurn(id string) {
 	e.snaps.Drop(turnPrefix + id)
 	e.snaps.Drop(postPrefix + id)
-	os.Remove(e.userFile(id))
+	os.Remove(e.noteFile(id, userNote))
+	os.Remove(e.noteFile(id, outsideNote))
+}
+
+// dropOrphans drops what is left of turns whose snapshot is gone: the byte
+// cap evicts snapshots one at a time, oldest first, so it can drop a turn's
+// pre-images and leave its end state (post:ID), which then holds bytes and
+// tells nothing. It reports whether it dropped any.
+func (e *Engine) dropOrphans() bool {
+	dropped := false
+	for _, s := range e.snaps.List() {
+		id, ok := strings.CutPrefix(s.ScopeID, postPrefix)
+		if !ok {
+			continue
+		}
+		if _, ok := e.snaps.Lookup(turnPrefix + id); !ok {
+			e.dropTurn(id)
+			dropped = true
+		}
+	}
+	return dropped
 }
 
 // pruneTurns keeps the newest MaxTurns turns younger than MaxAge (the open
 // turn always stays), then collects unreferenced bodies.
 func (e *Engine) pruneTurns(labels map[string]turnLabel) {
+	changed := e.dropOrphans()
 	turns := e.turnSnapshots()
 	cutoff := time.Now().Add(-e.turnOpts.MaxAge).UnixNano()
-	changed := false
 	for i, t := range turns {
 		tooMany := len(turns)-i > e.turnOpts.MaxTurns
 		if t.Closed && (tooMany || t.Created < cutoff) {
@@ -314,14 +453,7 @@ func (e *Engine) touchedPaths(scope string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []string
-	for _, ent := range ents {
-		out = append(out, ent.Path)
-		if ent.From != "" {
-			out = append(out, ent.From)
-		}
-	}
-	return uniqStrings(out), nil
+	return uniqStrings(entryPaths(ents)), nil
 }
 
 // Turns lists the turns, newest first.
@@ -382,6 +514,7 @@ func (e *Engine) planRollback(turnID string, only []string, force bool) (*rollba
 	}
 	plan := &rollbackPlan{post: map[string]*snapshot.Entry{}, pre: map[string][]snapshot.Entry{}, target: map[string]snapshot.Entry{}}
 	seen := map[string]bool{}
+	var openPaths []string // the paths of the open turn, if it is one of them
 	for i := len(ts) - 1; i >= k; i-- {
 		id := strings.TrimPrefix(ts[i].ScopeID, turnPrefix)
 		plan.turns = append(plan.turns, id)
@@ -414,6 +547,9 @@ func (e *Engine) planRollback(turnID string, only []string, force bool) (*rollba
 			if !within(p, only) {
 				continue
 			}
+			if !ts[i].Closed {
+				openPaths = append(openPaths, p)
+			}
 			if !seen[p] {
 				seen[p] = true
 				plan.paths = append(plan.paths, p)
@@ -425,26 +561,33 @@ func (e *Engine) planRollback(turnID string, only []string, force bool) (*rollba
 	if force {
 		return plan, nil
 	}
-	// A path a process the host marked as the user's changed during one
-	// of these turns holds the user's work: a conflict.
-	userSet := map[string]bool{}
+	// A path changed during one of these turns by a process the host
+	// marked as the user's, or from outside the mount, holds the user's
+	// work: a conflict.
+	reason := map[string]string{}
 	for _, id := range plan.turns {
-		for p := range e.userChanged(id) {
-			userSet[p] = true
+		for p := range e.readNote(id, outsideNote) {
+			reason[p] = "changed outside the mount during the turn"
 		}
-	}
-	userConflict := map[string]bool{}
-	for _, p := range plan.paths {
-		if userSet[p] {
-			userConflict[p] = true
-			plan.conflicts = append(plan.conflicts, Conflict{Path: p, Reason: "changed during the turn by a process marked as the user's"})
+		for p := range e.readNote(id, userNote) {
+			reason[p] = "changed during the turn by a process marked as the user's"
 		}
 	}
 	e.mu.RLock()
 	defer e.mu.RUnlock()
+	for _, p := range e.outsideChangesLocked(openPaths) {
+		if reason[p] == "" {
+			reason[p] = "changed outside the mount during the turn"
+		}
+	}
+	for _, p := range plan.paths {
+		if reason[p] != "" {
+			plan.conflicts = append(plan.conflicts, Conflict{Path: p, Reason: reason[p]})
+		}
+	}
 	for _, p := range plan.paths {
 		post := plan.post[p]
-		if userConflict[p] {
+		if reason[p] != "" {
 			continue
 		}
 		if post == nil {
@@ -563,6 +706,11 @@ func (e *Engine) Rollback(turnID string, paths []string, force bool) (RollbackRe
 		res.Failed = append(res.Failed, r.Failed...)
 	}
 	sort.Strings(res.Restored)
+	if e.redo != "" {
+		// Redo compares each path with what the rollback left, so it
+		// overwrites nobody's later edit.
+		e.turns.redoLeft = e.viewStates(e.redo)
+	}
 	e.redoValid.Store(e.redo != "")
 	e.note(Record{Op: "rollback", Detail: fmt.Sprintf("to the start of %s: %d restored, %d conflicts", res.Turn, len(res.Restored), len(res.Conflicts))})
 	return res, nil
@@ -721,8 +869,47 @@ func (e *Engine) readBody(hash string) ([]byte, error) {
 	return []byte(buf.String()), err
 }
 
-// Redo takes back the last rollback, if nothing was changed since.
-func (e *Engine) Redo() (RollbackResult, error) {
+// turnState is what the engine keeps in memory about turns.
+type turnState struct {
+	// redoLeft is what the last rollback left at each path its redo
+	// changes (turnMu). A path no longer in that state was changed by
+	// someone else since: a conflict for redo.
+	redoLeft map[string]*snapshot.Entry
+
+	// While a turn is open, mu guards when the mount last changed each
+	// path (changed, unix ns), and since when every change through the
+	// mount is noted (since: the turn's start, the engine's start or the
+	// last commit). outsideChangesLocked compares files' ctimes with it.
+	mu      sync.Mutex
+	open    bool
+	since   int64
+	changed map[string]int64
+}
+
+// viewStates reads the view's state of each path scope changes.
+func (e *Engine) viewStates(scope string) map[string]*snapshot.Entry {
+	paths, err := e.touchedPaths(scope)
+	if err != nil {
+		return nil
+	}
+	out := map[string]*snapshot.Entry{}
+	e.rlocked(func() error {
+		for _, p := range paths {
+			if st, err := e.viewState(p); err == nil {
+				out[p] = st
+			}
+		}
+		return nil
+	})
+	return out
+}
+
+// Redo takes back the last rollback, if no process in the mount changed
+// anything since. A path changed since the rollback by someone else (from
+// outside the mount, which does not clear redo) is a conflict: kept, unless
+// force. After a redo with conflicts, redo stays available, so that it can
+// be forced.
+func (e *Engine) Redo(force bool) (RollbackResult, error) {
 	e.turnMu.Lock()
 	defer e.turnMu.Unlock()
 	if e.redo == "" {
@@ -732,13 +919,142 @@ func (e *Engine) Redo() (RollbackResult, error) {
 		e.dropRedo()
 		return RollbackResult{}, fmt.Errorf("%w: files were changed after the rollback, so redo was cleared", snapshot.ErrNotFound)
 	}
-	r, err := e.restoreFiltered(e.redo, func(string) bool { return true })
+	ents, err := e.snaps.Entries(e.redo)
+	if err != nil {
+		e.dropRedo() // evicted by the byte cap
+		return RollbackResult{}, err
+	}
+	var conflicts []Conflict
+	if !force {
+		conflicts = e.redoConflicts(ents)
+	}
+	keep := redoFilter(ents, conflicts)
+	r, err := e.restoreFiltered(e.redo, keep)
 	if err != nil {
 		return RollbackResult{}, err
 	}
-	e.dropRedo()
-	e.note(Record{Op: "redo", Detail: fmt.Sprintf("%d restored", len(r.Restored))})
-	return RollbackResult{Restored: r.Restored, Failed: r.Failed}, nil
+	// Paths a conflict keeps back from a directory move are conflicts too.
+	listed := map[string]bool{}
+	for _, c := range conflicts {
+		listed[c.Path] = true
+	}
+	for _, p := range uniqStrings(entryPaths(ents)) {
+		if !keep(p) && !listed[p] {
+			listed[p] = true
+			conflicts = append(conflicts, Conflict{Path: p, Reason: "in a directory move that a conflict keeps back"})
+		}
+	}
+	sort.Slice(conflicts, func(i, j int) bool { return conflicts[i].Path < conflicts[j].Path })
+	if len(conflicts) == 0 {
+		e.dropRedo()
+	} else {
+		// What redo did is now what it compares with, so only the
+		// conflicts stay conflicts for a forced redo.
+		now := e.viewStates(e.redo)
+		if e.turns.redoLeft == nil {
+			e.turns.redoLeft = map[string]*snapshot.Entry{}
+		}
+		for _, p := range r.Restored {
+			e.turns.redoLeft[p] = now[p]
+		}
+	}
+	e.note(Record{Op: "redo", Detail: fmt.Sprintf("%d restored, %d conflicts", len(r.Restored), len(conflicts))})
+	return RollbackResult{Restored: r.Restored, Conflicts: conflicts, Failed: r.Failed}, nil
+}
+
+// redoConflicts compares each path the redo entries change with what the
+// rollback left there. A directory redo removes or replaces conflicts
+// when it holds files the rollback did not leave (made from outside since).
+func (e *Engine) redoConflicts(ents []snapshot.Entry) []Conflict {
+	left := e.turns.redoLeft
+	// Directory moves happen first: what is below their source goes with
+	// them, and is not removed with a directory that redo removes.
+	var away []string
+	target := map[string]snapshot.Kind{}
+	for _, ent := range ents {
+		if ent.Kind == snapshot.KindMoved {
+			away = append(away, ent.Path)
+		} else {
+			target[ent.Path] = ent.Kind
+		}
+	}
+	var out []Conflict
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	for _, p := range uniqStrings(entryPaths(ents)) {
+		was := left[p]
+		now, err := e.viewState(p)
+		switch {
+		case err != nil:
+			out = append(out, Conflict{Path: p, Reason: "cannot be read: " + err.Error()})
+		case was == nil:
+			out = append(out, Conflict{Path: p, Reason: "what the rollback left is not known", Actual: describe(now)})
+		case !sameState(now, was):
+			out = append(out, Conflict{Path: p, Reason: "changed after the rollback by someone else", Expected: describe(was), Actual: describe(now)})
+		case now.Kind == snapshot.KindDir && target[p] != "" && target[p] != snapshot.KindDir:
+			if q := e.strayBelow(p, left, away); q != "" {
+				out = append(out, Conflict{Path: p, Reason: "holds " + q + ", made after the rollback by someone else", Expected: describe(was), Actual: describe(now)})
+			}
+		}
+	}
+	return out
+}
+
+// strayBelow returns a file or symlink below the directory p that is not
+// in known and not below one of away, "" when there is none.
+func (e *Engine) strayBelow(p string, known map[string]*snapshot.Entry, away []string) string {
+	stray := ""
+	e.walkView(p, func(q string) {
+		if stray != "" || q == p || known[q] != nil {
+			return
+		}
+		for _, a := range away {
+			if isUnder(q, a) {
+				return
+			}
+		}
+		stray = q
+	})
+	return stray
+}
+
+// redoFilter returns which paths redo restores: none of the conflicts,
+// and nothing of a directory move whose source or destination conflicts.
+func redoFilter(ents []snapshot.Entry, conflicts []Conflict) func(string) bool {
+	skip := map[string]bool{}
+	for _, c := range conflicts {
+		skip[c.Path] = true
+	}
+	var trees []string
+	for _, ent := range ents {
+		if ent.Kind == snapshot.KindMoved && (skip[ent.Path] || skip[ent.From]) {
+			trees = append(trees, ent.Path, ent.From)
+		}
+	}
+	return func(p string) bool {
+		if skip[p] {
+			return false
+		}
+		for _, t := range trees {
+			if isUnder(p, t) {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// entryPaths lists the paths entries change: their paths and the old names
+// of moved directories.
+func entryPaths(ents []snapshot.Entry) []string {
+	var out []string
+	for _, ent := range ents {
+		out = append(out, ent.Path)
+		if ent.From != "" {
+			out = append(out, ent.From)
+		}
+	}
+	return out
 }
 
 func (e *Engine) dropRedo() {
@@ -746,6 +1062,7 @@ func (e *Engine) dropRedo() {
 		e.snaps.Drop(e.redo)
 		e.redo = ""
 	}
+	e.turns.redoLeft = nil
 	e.redoValid.Store(false)
 }
 

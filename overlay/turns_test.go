@@ -1,11 +1,15 @@
 package overlay_test
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"stagefs/overlay"
 	snapstore "stagefs/snapshot"
@@ -61,10 +65,10 @@ func TestTurnsRollbackEachAndRedo(t *testing.T) {
 					require.Empty(t, h.pending(), "rolled back to the workspace: nothing pending")
 				}
 
-				_, err = h.e.Redo()
+				_, err = h.e.Redo(false)
 				require.NoError(t, err)
 				require.Equal(t, end, h.view(), "view after redo")
-				_, err = h.e.Redo()
+				_, err = h.e.Redo(false)
 				require.Error(t, err, "a redo is used once")
 			}
 		})
@@ -89,7 +93,7 @@ func TestTurnsNewMutationClearsRedo(t *testing.T) {
 	_, err := h.e.Rollback("", nil, false)
 	require.NoError(t, err)
 	h.create("after", "a\n")
-	_, err = h.e.Redo()
+	_, err = h.e.Redo(false)
 	require.ErrorIs(t, err, snapstore.ErrNotFound)
 	require.Equal(t, "f1\n", h.read("f.txt"), "the rollback stays")
 }
@@ -225,4 +229,261 @@ func TestTurnsUserProcess(t *testing.T) {
 	_, err = h.e.Rollback("t1", []string{"b"}, true)
 	require.NoError(t, err)
 	require.Equal(t, "b0\n", h.read("b"), "--force rolls it back too")
+}
+
+// hostEditor is the host editing through the control socket
+// (fs/safe_text_patch passes a Caller with Host set).
+var hostEditor = overlay.Caller{Host: true}
+
+// hostPatch replaces p's content as fs/safe_text_patch does.
+func hostPatch(t *testing.T, h *harness, p, content string) {
+	t.Helper()
+	err := h.e.PatchFile(p, hostEditor, func([]byte, bool) ([]byte, bool, error) {
+		return []byte(content), true, nil
+	})
+	require.NoError(t, err, "patch %s", p)
+}
+
+// The host's own edits are the agent's: the open turn and an unbound tool
+// call's snapshot capture them, a rollback takes them back, and one made
+// after a rollback clears redo instead of being overwritten by it.
+func TestTurnsHostEdits(t *testing.T) {
+	h, st := newSnapHarness(t, overlay.Staged)
+	h.baseFile("f.txt", "f0\n")
+	h.baseFile("g.txt", "g0\n")
+	_, err := h.e.StartTurn("t1", "")
+	require.NoError(t, err)
+	hostPatch(t, h, "f.txt", "f1\n")
+	_, err = h.e.OpenSnapshot("tc1", "t1", 0, nil)
+	require.NoError(t, err)
+	hostPatch(t, h, "g.txt", "g1\n")
+	_, err = h.e.CloseSnapshot("tc1")
+	require.NoError(t, err)
+
+	require.Equal(t, []string{"file g.txt"}, entryKinds(t, st, "tc1"), "the unbound snapshot covers the host")
+	turns := h.e.Turns()
+	require.Len(t, turns, 1)
+	require.ElementsMatch(t, []string{"f.txt", "g.txt"}, turns[0].Paths)
+
+	res, err := h.e.Rollback("t1", nil, false)
+	require.NoError(t, err)
+	require.Empty(t, res.Conflicts)
+	require.Equal(t, "f0\n", h.read("f.txt"))
+	require.Equal(t, "g0\n", h.read("g.txt"))
+
+	hostPatch(t, h, "f.txt", "mine\n")
+	_, err = h.e.Redo(false)
+	require.ErrorIs(t, err, snapstore.ErrNotFound, "the host's edit after the rollback clears redo")
+	require.Equal(t, "mine\n", h.read("f.txt"))
+	require.Equal(t, "g0\n", h.read("g.txt"))
+}
+
+// An edit made directly in the workspace after a rollback does not clear
+// redo (the mount never sees it), so redo compares each path with what the
+// rollback left: a changed one is a conflict, kept until a forced redo. A
+// directory redo would remove is a conflict when someone put a file in it.
+func TestTurnsRedoConflictWithWorkspaceEdit(t *testing.T) {
+	for _, mode := range []overlay.Mode{overlay.Staged, overlay.Immediate} {
+		t.Run(string(mode), func(t *testing.T) {
+			h, _ := newSnapHarness(t, mode)
+			h.baseFile("a", "a0\n")
+			h.baseFile("b", "b0\n")
+			h.baseFile("d/x", "x0\n")
+			_, err := h.e.StartTurn("t1", "")
+			require.NoError(t, err)
+			h.overwrite("a", "a1\n")
+			h.overwrite("b", "b1\n")
+			h.unlink("d/x")
+			h.rmdir("d")
+			_, err = h.e.Rollback("t1", nil, false)
+			require.NoError(t, err)
+			require.Equal(t, "b0\n", h.read("b"))
+			require.Equal(t, "x0\n", h.read("d/x"))
+
+			// The user edits b and adds d/new in the workspace.
+			require.NoError(t, os.WriteFile(h.wsPath("b"), []byte("user\n"), 0o644))
+			require.NoError(t, os.WriteFile(h.wsPath("d/new"), []byte("new\n"), 0o644))
+			res, err := h.e.Redo(false)
+			require.NoError(t, err)
+			var paths []string
+			for _, c := range res.Conflicts {
+				paths = append(paths, c.Path)
+			}
+			require.Equal(t, []string{"b", "d"}, paths)
+			require.Equal(t, "a1\n", h.read("a"), "the rest is redone")
+			require.Equal(t, "user\n", h.read("b"), "the user's edit is kept")
+			require.Equal(t, "new\n", h.read("d/new"), "the user's file is kept")
+			h.requireMissing("d/x")
+
+			// Redo stays available for a forced redo, which overwrites.
+			res, err = h.e.Redo(true)
+			require.NoError(t, err)
+			require.Empty(t, res.Conflicts)
+			require.Equal(t, "b1\n", h.read("b"))
+			h.requireMissing("d")
+			_, err = h.e.Redo(false)
+			require.ErrorIs(t, err, snapstore.ErrNotFound, "a complete redo is used")
+		})
+	}
+}
+
+// conflictPaths lists the paths of a result's conflicts.
+func conflictPaths(res overlay.RollbackResult) []string {
+	out := []string{}
+	for _, c := range res.Conflicts {
+		out = append(out, c.Path)
+	}
+	return out
+}
+
+// A user's edit made outside the mount, while the turn is still open, to a
+// file the turn changed is a conflict for the rollback of that turn, whether
+// the rollback or the next turn ends it: it is not what the turn left.
+func TestTurnsOutsideEditDuringTurn(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mode   overlay.Mode
+		commit bool // commit the turn's changes before the user's edit
+		next   bool // start the next turn before the rollback
+	}{
+		{"immediate", overlay.Immediate, false, false},
+		{"immediate next turn", overlay.Immediate, false, true},
+		{"staged committed", overlay.Staged, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, _ := newSnapHarness(t, tc.mode)
+			h.baseFile("a", "a0\n")
+			h.baseFile("b", "b0\n")
+			_, err := h.e.StartTurn("t1", "")
+			require.NoError(t, err)
+			h.overwrite("a", "a1\n")
+			h.overwrite("b", "b1\n")
+			h.create("c", "c1\n")
+			h.rename("c", "c2")
+			if tc.commit {
+				h.commitAll()
+			}
+			// Past the kernel's clock tick, so that the edit's ctime is
+			// later than the mount's last change.
+			time.Sleep(20 * time.Millisecond)
+			require.NoError(t, os.WriteFile(h.wsPath("b"), []byte("user\n"), 0o644))
+			if tc.next {
+				_, err = h.e.StartTurn("t2", "")
+				require.NoError(t, err)
+			} else {
+				_, conflicts, err := h.e.RollbackDiff("t1", nil, false)
+				require.NoError(t, err)
+				require.Len(t, conflicts, 1, "rollback --diff while the turn is open")
+				require.Equal(t, "b", conflicts[0].Path)
+			}
+
+			res, err := h.e.Rollback("t1", nil, false)
+			require.NoError(t, err)
+			require.Equal(t, []string{"b"}, conflictPaths(res))
+			require.Contains(t, res.Conflicts[0].Reason, "outside the mount")
+			require.Equal(t, "a0\n", h.read("a"))
+			require.Equal(t, "user\n", h.read("b"), "the user's edit is kept")
+			h.requireMissing("c2")
+
+			_, err = h.e.Rollback("t1", []string{"b"}, true)
+			require.NoError(t, err)
+			require.Equal(t, "b0\n", h.read("b"), "--force rolls it back too")
+		})
+	}
+}
+
+// Retention holds as the engine starts: turns past the count or the age a
+// restart now allows are pruned before any new turn starts.
+func TestTurnsPruneAtStart(t *testing.T) {
+	h, st := newSnapHarness(t, overlay.Staged)
+	h.baseFile("f", "0\n")
+	for i := 0; i < 4; i++ {
+		_, err := h.e.StartTurn("", "")
+		require.NoError(t, err)
+		h.overwrite("f", string(rune('a'+i))+"\n")
+	}
+	require.Len(t, h.e.Turns(), 4)
+
+	require.NoError(t, h.e.Close())
+	h.e = nil
+	h.opts.Turns = overlay.TurnOptions{MaxTurns: 2}
+	h.open()
+	turns := h.e.Turns()
+	require.Len(t, turns, 2, "pruned by count at start-up")
+	require.Equal(t, "t4", turns[0].ID)
+	require.True(t, turns[0].Open)
+
+	require.NoError(t, h.e.Close())
+	h.e = nil
+	h.opts.Turns = overlay.TurnOptions{MaxAge: time.Nanosecond}
+	h.open()
+	turns = h.e.Turns()
+	require.Len(t, turns, 1, "pruned by age at start-up; the open turn stays")
+	require.Equal(t, "t4", turns[0].ID)
+	for _, s := range st.List() {
+		require.NotContains(t, []string{"post:t1", "post:t2", "post:t3"}, s.ScopeID)
+	}
+}
+
+// The byte cap evicts snapshots one at a time; a turn's end state goes with
+// its pre-images, not later.
+func TestTurnsByteCapDropsEndStates(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "snapshots")
+	h, _ := newSnapHarnessIn(t, overlay.Staged, dir)
+	require.NoError(t, h.e.Close())
+	h.e = nil
+	st, err := snapstore.Open(dir, snapstore.Options{ByteCap: 4096})
+	require.NoError(t, err)
+	h.opts.Snapshots = st
+	h.open()
+	const size = 3 << 10
+	for i := 1; i <= 4; i++ {
+		h.baseFile(fmt.Sprintf("f%d", i), strings.Repeat(fmt.Sprint(i), size))
+	}
+	for i := 1; i <= 4; i++ {
+		_, err := h.e.StartTurn(fmt.Sprintf("t%d", i), "")
+		require.NoError(t, err)
+		h.overwrite(fmt.Sprintf("f%d", i), strings.Repeat("x", size-1)+fmt.Sprint(i))
+	}
+	_, err = h.e.StartTurn("last", "")
+	require.NoError(t, err)
+	kept := map[string]bool{}
+	for _, s := range st.List() {
+		kept[s.ScopeID] = true
+	}
+	require.False(t, kept["turn:t1"], "the byte cap evicted nothing: %v", kept)
+	for scope := range kept {
+		if id, ok := strings.CutPrefix(scope, "post:"); ok {
+			require.True(t, kept["turn:"+id], "%s is left without turn:%s", scope, id)
+		}
+	}
+}
+
+// A write after a rollback through a file opened before it reaches the
+// daemon only as a write on a handle, which does not clear redo; redo
+// still keeps it, as a conflict.
+func TestTurnsRedoKeepsWriteThroughOpenFile(t *testing.T) {
+	h, _ := newSnapHarness(t, overlay.Immediate)
+	h.baseFile("a", "a0\n")
+	h.baseFile("b", "b0\n")
+	_, err := h.e.StartTurn("t1", "")
+	require.NoError(t, err)
+	h.overwrite("b", "b1\n")
+	f, err := h.e.Open("a", unix.O_WRONLY, caller)
+	require.NoError(t, err)
+	_, err = unix.Pwrite(f.Fd, []byte("a1\n"), 0)
+	require.NoError(t, err)
+
+	_, err = h.e.Rollback("t1", nil, false)
+	require.NoError(t, err)
+	require.Equal(t, "a0\n", h.read("a"))
+	_, err = unix.Pwrite(f.Fd, []byte("late\n"), 0)
+	require.NoError(t, err)
+	h.e.Release("a", f, caller)
+
+	res, err := h.e.Redo(false)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a"}, conflictPaths(res))
+	require.Equal(t, "late\n", h.read("a"), "the write after the rollback is kept")
+	require.Equal(t, "b1\n", h.read("b"))
 }

@@ -767,3 +767,73 @@ func TestTurnsRollbackDiffOmitsConflicts(t *testing.T) {
 	assertTreeHash(t, "mount after rollback t1: only a.txt changed", view, snapshot(t, m.mnt))
 	assertFile(t, m.in("b.txt"), "user\n")
 }
+
+// assertFileSoon waits for the mount to show path's content as want: an
+// edit made in the workspace reaches the kernel's cache by inotify.
+func assertFileSoon(t *testing.T, path, want string) {
+	t.Helper()
+	if !waitFor(5*time.Second, func() bool { b, _ := os.ReadFile(path); return string(b) == want }) {
+		t.Errorf("%s: %q, want %q", path, readFile(t, path), want)
+	}
+}
+
+// 12. The host's edits through the control socket (stagefs patch, i.e.
+// fs/safe_text_patch) are the agent's: part of the turn, taken back by its
+// rollback, and one made after a rollback clears redo.
+func TestTurnsHostPatch(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"a.txt": "a0\n", "b.txt": "b0\n"}))
+	m.startTurn("t1", "")
+	m.mustCLI("patch", "a.txt", "--expect", contentHash([]byte("a0\n")), "--edit", "a0=a1")
+	sh(t, m.mnt, "echo b1 > b.txt")
+	if cps := m.checkpoints(); len(cps) != 1 || !contains(cps[0].Paths, "a.txt") {
+		t.Fatalf("turn t1 does not list a.txt, which the host patched: %+v", cps)
+	}
+	m.mustRollback("t1")
+	assertFile(t, m.in("a.txt"), "a0\n")
+	assertFile(t, m.in("b.txt"), "b0\n")
+
+	m.mustCLI("patch", "a.txt", "--expect", contentHash([]byte("a0\n")), "--edit", "a0=mine")
+	if r := m.cli("redo"); r.code == 0 {
+		t.Errorf("redo after the host's patch succeeded: %s", r)
+	}
+	assertFile(t, m.in("a.txt"), "mine\n")
+	assertFile(t, m.in("b.txt"), "b0\n")
+}
+
+// 13. In immediate mode, edits made directly in the workspace: one made
+// while the turn is open, to a file the turn changed, is a conflict for
+// the turn's rollback; one made after the rollback is a conflict for redo.
+// --force overwrites each.
+func TestTurnsWorkspaceEditsImmediate(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"a.txt": "a0\n", "b.txt": "b0\n"}), withMountFlags("--mode", "immediate"))
+	m.startTurn("t1", "")
+	sh(t, m.mnt, "echo a1 > a.txt; echo b1 > b.txt")
+	// Past the release of the shell's files, which the kernel sends
+	// after close returns.
+	time.Sleep(200 * time.Millisecond)
+	if err := os.WriteFile(m.inWS("b.txt"), []byte("user\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, r := m.rollbackJSON("t1")
+	if r.code != 3 || len(res.Conflicts) != 1 || res.Conflicts[0].Path != "b.txt" {
+		t.Fatalf("rollback t1 over an edit made during the turn: want exit 3 and a conflict on b.txt: %s", r)
+	}
+	assertFile(t, m.inWS("a.txt"), "a0\n")
+	assertFile(t, m.inWS("b.txt"), "user\n")
+	assertFileSoon(t, m.in("b.txt"), "user\n")
+
+	if err := os.WriteFile(m.inWS("a.txt"), []byte("mine\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = m.cli("redo")
+	if r.code != 3 || !strings.Contains(r.stdout, "conflict  a.txt") || !strings.Contains(r.stderr, "--force") {
+		t.Fatalf("redo over an edit made after the rollback: want exit 3 and a conflict on a.txt: %s", r)
+	}
+	assertFile(t, m.inWS("a.txt"), "mine\n")
+	m.mustCLI("redo", "--force")
+	assertFile(t, m.inWS("a.txt"), "a1\n")
+	assertFileSoon(t, m.in("a.txt"), "a1\n")
+	assertFile(t, m.inWS("b.txt"), "user\n")
+}

@@ -56,6 +56,15 @@ func ctlCaller(ctx context.Context) overlay.Caller {
 	return overlay.Caller{Pid: peer.Pid}
 }
 
+// hostEdit is the Caller of the host's own edits (fs/safe_text_patch): the
+// client's, marked as the agent's work, so that turns and unbound
+// snapshots capture them and they clear redo.
+func hostEdit(ctx context.Context) overlay.Caller {
+	c := ctlCaller(ctx)
+	c.Host = true
+	return c
+}
+
 // relPath turns a client's path (workspace-relative, or absolute under the
 // mount or the workspace) into the engine's form.
 func (b *backend) relPath(p string) (string, error) {
@@ -291,7 +300,7 @@ func (b *backend) SafeTextPatch(ctx context.Context, p control.SafeTextPatchPara
 		want = "sha256:" + want
 	}
 	var res control.SafeTextPatchResult
-	err = b.eng.PatchFile(rel, ctlCaller(ctx), func(cur []byte, exists bool) ([]byte, bool, error) {
+	err = b.eng.PatchFile(rel, hostEdit(ctx), func(cur []byte, exists bool) ([]byte, bool, error) {
 		curHash := ""
 		if exists {
 			curHash = contentHash(cur)

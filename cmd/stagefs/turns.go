@@ -88,13 +88,20 @@ func (b *backend) rollback(ctx context.Context, p control.RollbackParams) (contr
 	return rollbackResult(r), nil
 }
 
-func (b *backend) redo(ctx context.Context, _ struct{}) (control.RollbackResult, error) {
-	r, err := b.eng.Redo()
+func (b *backend) redo(ctx context.Context, p control.RedoParams) (control.RollbackResult, error) {
+	r, err := b.eng.Redo(p.Force)
 	if err != nil {
 		return control.RollbackResult{}, snapshotError("redo", err)
 	}
 	b.fs.Invalidate(r.Restored)
 	b.publish(control.Event{Kind: control.EventRolledBack, Paths: r.Restored, Detail: "redo"})
+	if len(r.Conflicts) > 0 {
+		var ps []string
+		for _, c := range r.Conflicts {
+			ps = append(ps, c.Path)
+		}
+		b.publish(control.Event{Kind: "conflict", Paths: ps})
+	}
 	return rollbackResult(r), nil
 }
 
@@ -244,20 +251,38 @@ func runRollback(ctx context.Context, args []string) error {
 }
 
 func runRedo(ctx context.Context, args []string) error {
-	cf, _, c, err := parseClient("redo", args, nil)
+	var force bool
+	cf, rest, c, err := parseClient("redo", args, func(fs *pflag.FlagSet) {
+		fs.BoolVar(&force, "force", false, "overwrite paths changed after the rollback by someone else")
+	})
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	res, err := c.Redo(ctx)
+	if len(rest) > 0 {
+		return usagef("usage: stagefs redo [--force]")
+	}
+	res, err := c.Redo(ctx, control.RedoParams{Force: force})
 	if err != nil {
 		return err
 	}
 	if cf.json {
-		return printJSON(res)
+		if err := printJSON(res); err != nil {
+			return err
+		}
+	} else {
+		for _, r := range res.RestoredPaths {
+			fmt.Printf("restored  %s\n", r)
+		}
+		for _, x := range res.Conflicts {
+			fmt.Printf("conflict  %s: %s (rollback left %s, now %s)\n", x.Path, x.Reason, x.Expected, x.Actual)
+		}
+		for _, f := range res.Failed {
+			fmt.Printf("failed    %s: %s\n", f.Path, f.Reason)
+		}
 	}
-	for _, r := range res.RestoredPaths {
-		fmt.Printf("restored  %s\n", r)
+	if len(res.Conflicts)+len(res.Failed) > 0 {
+		return &conflictError{fmt.Sprintf("%d path(s) were not redone (use --force to overwrite conflicts)", len(res.Conflicts)+len(res.Failed))}
 	}
 	return nil
 }
