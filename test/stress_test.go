@@ -181,6 +181,14 @@ func TestConcurrentControl(t *testing.T) {
 					count("commit busy")
 					continue
 				}
+				if nestedRenameFailure(f.Reason) {
+					// The README's known limit (directories renamed
+					// into their own former children): the paths stay
+					// pending, and the final commit must still land.
+					count("commit failed: nested rename")
+					t.Logf("commit %s: %s: %s", p, f.Path, f.Reason)
+					continue
+				}
 				fail(fmt.Sprintf("commit %s: %s: %s", p, f.Path, f.Reason))
 			}
 			// Nothing edits the workspace, so a conflict is stagefs
@@ -262,6 +270,19 @@ func TestConcurrentControl(t *testing.T) {
 	if log := m.daemonLog(); strings.Contains(log, "DATA RACE") || strings.Contains(log, "panic") {
 		t.Errorf("the daemon log reports a race or a panic:\n%s", log)
 	}
+}
+
+// nestedRenameFailure reports a commit failure of the known family in the
+// README's limits: the workspace refuses to move a directory into its own
+// child (EINVAL), which a partial commit after rotations of nested
+// directory renames can ask for.
+func nestedRenameFailure(reason string) bool {
+	old, rest, ok := strings.Cut(strings.TrimPrefix(reason, "rename "), " to ")
+	if !ok || !strings.HasPrefix(reason, "rename ") {
+		return false
+	}
+	newp, _, ok := strings.Cut(rest, " in the workspace: invalid argument")
+	return ok && strings.HasPrefix(newp, old+"/")
 }
 
 // exitConflictCode is the CLI's exit status for conflicts (see README).
