@@ -110,6 +110,10 @@ type Engine struct {
 	stopSync chan struct{} // stops the --journal-sync ticker
 	syncDone chan struct{}
 
+	// textMu orders ReadFile after or before a whole PatchFile: a patch
+	// rewrites the file in place, and a read between its truncate and its
+	// write would return content the file never had. Taken before mu.
+	textMu sync.RWMutex
 	// mu guards index, children and mode, and serializes namespace changes.
 	mu       sync.RWMutex
 	index    map[string]*meta           // upper entries by path

@@ -19,6 +19,8 @@ const MaxReadBytes = 64 << 20
 // ReadFile returns p's content in the merged view; exists is false (and
 // err nil) when p does not exist.
 func (e *Engine) ReadFile(p string) (data []byte, exists bool, err error) {
+	e.textMu.RLock()
+	defer e.textMu.RUnlock()
 	f, err := e.Open(p, unix.O_RDONLY, Caller{})
 	if err == syscall.ENOENT {
 		return nil, false, nil
@@ -68,6 +70,8 @@ var ErrBusy = errors.New("a process has the file open for writing")
 // the host's edit is captured into the open turn and unbound snapshots and
 // clears redo, like any process's edit.
 func (e *Engine) PatchFile(p string, c Caller, decide func(cur []byte, exists bool) (next []byte, write bool, err error)) error {
+	e.textMu.Lock()
+	defer e.textMu.Unlock()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	l, err := e.locate(p)

@@ -520,12 +520,6 @@ func TestSafeTextPatchAtomicAgainstMountWriters(t *testing.T) {
 // 64 KiB file between two contents with safe_text_patch while another
 // reads it with read_text; every read must be one of the two.
 func TestReadTextNotTornByConcurrentPatch(t *testing.T) {
-	if os.Getenv("STAGEFS_RUN_BUG_TESTS") == "" {
-		t.Skip("BUG: fs/read_text reads the file without the engine lock while fs/safe_text_patch " +
-			"rewrites it in place (O_TRUNC, then write), so a read racing a patch returns a mix of " +
-			"the old and new content, or a truncated one, with that mix's hash; " +
-			"set STAGEFS_RUN_BUG_TESTS=1 to run")
-	}
 	parallel(t)
 	x := strings.Repeat("x-line of the first version\n", 64<<10/28)
 	y := strings.Repeat("y-line of the other version\n", 64<<10/28)
