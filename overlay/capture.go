@@ -82,14 +82,25 @@ func (e *Engine) capture(c Caller, paths ...string) error {
 
 // Capturing reports cheaply whether any snapshot is open, so the FUSE
 // layer computes a path for BeforeWrite only then.
-func (e *Engine) Capturing() bool { return e.snaps != nil && e.openSnaps.Load() > 0 }
+// While redo is available it is true as well, so that a write through a
+// file opened before a rollback reaches BeforeWrite and clears redo.
+func (e *Engine) Capturing() bool {
+	return e.snaps != nil && (e.openSnaps.Load() > 0 || e.redoValid.Load())
+}
 
 // BeforeWrite captures p's pre-image, if an open snapshot covering c has
 // not yet, before a write through a file that was opened earlier (an
-// editor or a log writer that opened it before the snapshot began). It is
-// cheap when no snapshot is open.
+// editor or a log writer that opened it before the snapshot began), and
+// clears redo: a new change after a rollback. It is cheap when no snapshot
+// is open.
 func (e *Engine) BeforeWrite(p string, c Caller) error {
-	if e.snaps == nil || c.Pid == 0 || e.openSnaps.Load() == 0 {
+	if e.snaps == nil || c.Pid == 0 {
+		return nil
+	}
+	if e.redoValid.Load() {
+		e.redoValid.Store(false)
+	}
+	if e.openSnaps.Load() == 0 {
 		return nil
 	}
 	need := false
@@ -490,7 +501,7 @@ func (e *Engine) RestoreTool(scope string, keepLater bool) (RestoreResult, error
 			}
 			later[p] = true
 		}
-		e.findLaterBelow(scope, ents, func(top, p string) {
+		e.findLaterBelow(ents, e.Uncaptured(scope), func(top, p string) {
 			later[p], holds[top] = true, true
 		})
 		return nil
@@ -528,13 +539,14 @@ func sameShown(a, b *snapshot.Entry) bool {
 }
 
 // findLaterBelow finds the paths that a restore of ents would remove
-// although the tool call did not make them: entries below a directory that
-// was not one before the tool call (restore removes that tree) and that the
-// snapshot never captured, so another process or a later tool call made
-// them. It calls found with the captured path and the later one. Trees the
-// tool call moved into place and paths that are never captured
-// (--no-capture) are left out. Called with the engine's lock held.
-func (e *Engine) findLaterBelow(scope string, ents []snapshot.Entry, found func(top, p string)) {
+// although the snapshot's processes did not make them: entries below a
+// directory that was not one before (restore removes that tree) that were
+// never captured (nor named in uncaptured), so another process, a later
+// tool call or an edit outside the mount made them. It calls found with
+// the captured path and the later one. Trees moved into place and paths
+// that are never captured (--no-capture) are left out. Called with the
+// engine's lock held.
+func (e *Engine) findLaterBelow(ents []snapshot.Entry, uncaptured []string, found func(top, p string)) {
 	captured := map[string]bool{}
 	movedIn := map[string]bool{} // destinations of directory moves
 	for _, ent := range ents {
@@ -543,7 +555,7 @@ func (e *Engine) findLaterBelow(scope string, ents []snapshot.Entry, found func(
 			movedIn[ent.Path] = true
 		}
 	}
-	for _, p := range e.Uncaptured(scope) {
+	for _, p := range uncaptured {
 		captured[p] = true
 	}
 	var walk func(top, dir string)

@@ -515,6 +515,8 @@ func (e *Engine) planRollback(turnID string, only []string, force bool) (*rollba
 	plan := &rollbackPlan{post: map[string]*snapshot.Entry{}, pre: map[string][]snapshot.Entry{}, target: map[string]snapshot.Entry{}}
 	seen := map[string]bool{}
 	var openPaths []string // the paths of the open turn, if it is one of them
+	var allEnts []snapshot.Entry
+	var uncaptured []string
 	for i := len(ts) - 1; i >= k; i-- {
 		id := strings.TrimPrefix(ts[i].ScopeID, turnPrefix)
 		plan.turns = append(plan.turns, id)
@@ -522,6 +524,8 @@ func (e *Engine) planRollback(turnID string, only []string, force bool) (*rollba
 		if err != nil {
 			return nil, err
 		}
+		allEnts = append(allEnts, ents...)
+		uncaptured = append(uncaptured, ts[i].Uncaptured...)
 		for j := len(ents) - 1; j >= 0; j-- {
 			ent := ents[j]
 			if !within(ent.Path, only) {
@@ -580,6 +584,14 @@ func (e *Engine) planRollback(turnID string, only []string, force bool) (*rollba
 			reason[p] = "changed outside the mount during the turn"
 		}
 	}
+	// A directory the turns made that now holds entries they did not make
+	// (the user's processes, an edit outside the mount): the rollback
+	// would remove them with it.
+	e.findLaterBelow(allEnts, uncaptured, func(top, p string) {
+		if within(top, only) && reason[top] == "" {
+			reason[top] = "holds " + p + ", which these turns did not make"
+		}
+	})
 	for _, p := range plan.paths {
 		if reason[p] != "" {
 			plan.conflicts = append(plan.conflicts, Conflict{Path: p, Reason: reason[p]})

@@ -487,3 +487,50 @@ func TestTurnsRedoKeepsWriteThroughOpenFile(t *testing.T) {
 	require.Equal(t, "late\n", h.read("a"), "the write after the rollback is kept")
 	require.Equal(t, "b1\n", h.read("b"))
 }
+
+// A directory a turn made that later holds an entry the turn did not make
+// (here: written into the workspace from outside the mount) is a conflict
+// at rollback: the turn's own entries go, the directory and the other
+// entry stay; with force the directory goes whole.
+func TestTurnsRollbackKeepsForeignEntriesOfNewDirectory(t *testing.T) {
+	for _, force := range []bool{false, true} {
+		h, _ := newSnapHarness(t, overlay.Immediate)
+		h.baseFile("a", "a0\n")
+		_, err := h.e.StartTurn("t1", "")
+		require.NoError(t, err)
+		h.mkdir("gen")
+		h.create("gen/own", "own\n")
+		require.NoError(t, os.WriteFile(h.wsPath("gen/user.txt"), []byte("user\n"), 0o644))
+
+		res, err := h.e.Rollback("t1", nil, force)
+		require.NoError(t, err)
+		if force {
+			require.Empty(t, res.Conflicts)
+			h.requireMissing("gen")
+			continue
+		}
+		require.Equal(t, []string{"gen"}, conflictPaths(res))
+		require.Contains(t, res.Conflicts[0].Reason, "gen/user.txt")
+		require.Equal(t, []string{"user.txt"}, h.names("gen"))
+		require.Equal(t, "user\n", h.read("gen/user.txt"))
+	}
+}
+
+// A write through a file opened before a rollback is a new change: the
+// FUSE layer calls BeforeWrite while redo is available (Capturing says
+// so), and that clears redo.
+func TestTurnsWriteThroughOpenFileClearsRedo(t *testing.T) {
+	h, _ := newSnapHarness(t, overlay.Immediate)
+	h.baseFile("a", "a0\n")
+	_, err := h.e.StartTurn("t1", "")
+	require.NoError(t, err)
+	h.overwrite("a", "a1\n")
+	_, err = h.e.Rollback("t1", nil, false)
+	require.NoError(t, err)
+	require.True(t, h.e.Capturing(), "with redo available, writes must reach BeforeWrite")
+
+	require.NoError(t, h.e.BeforeWrite("a", caller))
+	_, err = h.e.Redo(false)
+	require.ErrorContains(t, err, "redo was cleared")
+	require.False(t, h.e.Capturing())
+}
