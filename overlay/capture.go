@@ -247,7 +247,7 @@ func (e *Engine) readState(p string, keepBody bool) (*snapshot.Entry, error) {
 		if keepBody && !e.snaps.Fits(st.Size) {
 			err = fmt.Errorf("%w: %s is %d bytes", snapshot.ErrOverCap, p, st.Size)
 		} else if keepBody {
-			ent.Hash, ent.Size, err = e.snaps.PutBody(fdReader(fd))
+			ent.Hash, ent.Size, err = e.snaps.PutFile(fd)
 		} else {
 			ent.Hash, ent.Size = hashOf(fd), st.Size
 		}

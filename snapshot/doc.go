@@ -31,8 +31,9 @@
 //
 // # Durability
 //
-// A blob is written to a temp file (DIR/blobs/.tmp-*) while it is hashed,
-// fsynced, renamed to its hash name, and its directory fsynced before
+// A blob is written to a temp file (DIR/blobs/.tmp-*) while it is hashed
+// (PutBody), or copied there in the kernel and hashed from the copy
+// (PutFile), fsynced, renamed to its hash name, and its directory fsynced before
 // PutBody returns; a new fan-out directory is fsynced into DIR/blobs first.
 // A body already stored is not written again (dedupe), so every size count
 // below counts each distinct body once.

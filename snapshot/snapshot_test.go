@@ -713,3 +713,48 @@ func TestErrorsAreDistinct(t *testing.T) {
 		}
 	}
 }
+
+// PutFile stores a file's content from its offset to its end, copied in
+// the kernel, with the same hash, dedupe and pin as PutBody.
+func TestPutFile(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir, Options{NoSync: true})
+	content := strings.Repeat("kernel copy\n", 100000) // 1.2 MB: several copy calls' worth of pages
+	src := filepath.Join(t.TempDir(), "src")
+	require.NoError(t, os.WriteFile(src, []byte("skip"+content), 0o644))
+	f, err := os.Open(src)
+	require.NoError(t, err)
+	defer f.Close()
+	_, err = f.Seek(4, io.SeekStart)
+	require.NoError(t, err)
+
+	h, n, err := s.PutFile(int(f.Fd()))
+	require.NoError(t, err)
+	require.Equal(t, int64(len(content)), n)
+	hb, _ := put(t, s, content)
+	require.Equal(t, hb, h, "same hash as PutBody of the same bytes")
+	got, err := readBody(t, s, h)
+	require.NoError(t, err)
+	require.Equal(t, content, got)
+	require.Equal(t, []string{h}, blobFiles(t, dir), "stored once")
+}
+
+// Where the kernel refuses to copy (here: the source is a pipe, EINVAL),
+// PutFile reads and writes instead.
+func TestPutFileFallsBackToReadWrite(t *testing.T) {
+	s := openStore(t, t.TempDir(), Options{NoSync: true})
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	defer r.Close()
+	content := strings.Repeat("through a pipe\n", 1000)
+	go func() {
+		w.Write([]byte(content))
+		w.Close()
+	}()
+	h, n, err := s.PutFile(int(r.Fd()))
+	require.NoError(t, err)
+	require.Equal(t, int64(len(content)), n)
+	got, err := readBody(t, s, h)
+	require.NoError(t, err)
+	require.Equal(t, content, got)
+}
