@@ -419,6 +419,19 @@ func (e *Engine) removeStalePosts() {
 	}
 }
 
+// saveMissingPosts writes the post file of every closed tool-call snapshot
+// that lacks a readable one: closed at the start after a reboot, or a
+// crash before its file reached the disk. What the view shows now stands
+// in for its state at close, so a restore can still tell the changes made
+// from now on. Called once the engine has loaded the pending set.
+func (e *Engine) saveMissingPosts() {
+	for _, s := range e.snaps.List() {
+		if s.Closed && ToolCallScope(s.ScopeID) && e.loadPost(s.ScopeID) == nil {
+			e.savePost(s)
+		}
+	}
+}
+
 func (e *Engine) loadPost(scope string) map[string]*snapshot.Entry {
 	info, ok := e.snaps.Lookup(scope)
 	if !ok {

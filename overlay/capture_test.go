@@ -745,3 +745,27 @@ func TestCaptureOverByteCap(t *testing.T) {
 	require.Equal(t, "s\n", h.read("small"))
 	require.Equal(t, "b2\n", h.read("big"), "what could not be captured stays")
 }
+
+// A closed tool-call snapshot whose post file is missing (closed at the
+// start after a reboot, or lost in a crash) gets one at the next start,
+// from the view, so that a later change is still told apart at restore.
+func TestMissingPostIsRebuiltAtStart(t *testing.T) {
+	h, _ := newSnapHarness(t, overlay.Staged)
+	h.baseFile("a", "a0\n")
+	_, err := h.e.OpenSnapshot("tc1", "", 0, nil)
+	require.NoError(t, err)
+	h.overwrite("a", "a1\n")
+	info, err := h.e.CloseSnapshot("tc1")
+	require.NoError(t, err)
+	post := filepath.Join(h.opts.StateDir, "posts", info.ID+".json")
+	require.FileExists(t, post)
+	require.NoError(t, os.Remove(post))
+
+	h.restart()
+	require.FileExists(t, post)
+	h.overwrite("a", "a2 by a later tool call\n")
+	res, err := h.e.RestoreTool("tc1", true)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a"}, res.Kept)
+	require.Equal(t, "a2 by a later tool call\n", h.read("a"))
+}

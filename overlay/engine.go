@@ -230,6 +230,9 @@ func New(opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("load pending set from %s: %w", filepath.Join(opts.StateDir, "upper"), err)
 	}
 	e.seedUpperIno()
+	if e.snaps != nil {
+		e.saveMissingPosts()
+	}
 	if opts.JournalSync > 0 && e.journal != nil {
 		e.stopSync, e.syncDone = make(chan struct{}), make(chan struct{})
 		go e.syncEvery(opts.JournalSync)

@@ -60,10 +60,11 @@ func holdsMatch(globs []string, p string) bool {
 	return false
 }
 
-// checkDeny refuses a mutation of paths by a process in the mount when a
-// --deny glob covers one of them, and journals the attempt.
+// checkDeny refuses a mutation of paths by a process in the mount, or by
+// the host's own edits (the agent's edit tool), when a --deny glob covers
+// one of them, and journals the attempt.
 func (e *Engine) checkDeny(c Caller, paths ...string) error {
-	if len(e.opts.Deny) == 0 || c.Pid == 0 {
+	if len(e.opts.Deny) == 0 || c.Pid == 0 && !c.Host {
 		return nil
 	}
 	for _, p := range paths {
@@ -78,7 +79,7 @@ func (e *Engine) checkDeny(c Caller, paths ...string) error {
 // checkDenyTree is checkDeny for a directory that is renamed or removed
 // as a whole: a denied path below it would go with it.
 func (e *Engine) checkDenyTree(c Caller, dir string) error {
-	if len(e.opts.Deny) == 0 || c.Pid == 0 {
+	if len(e.opts.Deny) == 0 || c.Pid == 0 && !c.Host {
 		return nil
 	}
 	if err := e.checkDeny(c, dir); err != nil {

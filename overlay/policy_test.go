@@ -35,6 +35,11 @@ func TestPolicyDenyAndHide(t *testing.T) {
 	_, err = h.e.Setattr(".git/config", -1, overlay.SetAttr{Mode: u32(0o777)}, caller)
 	require.ErrorIs(t, err, syscall.EACCES)
 	require.ErrorIs(t, h.e.Setxattr(".git/config", "user.x", []byte("1"), 0, caller), syscall.EACCES)
+	// The host's own edits are the agent's too, even without a pid.
+	host := overlay.Caller{Host: true}
+	err = h.e.PatchFile(".git/config", host, func([]byte, bool) ([]byte, bool, error) { return []byte("evil\n"), true, nil })
+	require.ErrorIs(t, err, syscall.EACCES)
+	require.Equal(t, "cfg\n", h.read(".git/config"))
 
 	// Hidden: not there, cannot be made.
 	h.requireMissing(".env")

@@ -133,9 +133,6 @@ func (e *Engine) SyncPath(p string) error {
 	return e.Sync()
 }
 
-// Comm returns the command name of pid (cached briefly).
-func (e *Engine) Comm(pid int) string { return e.procs.comm(pid) }
-
 // Process returns the process (thread group) a thread id belongs to: FUSE
 // names the calling thread, and a multithreaded tool's writes must count as
 // the tool's.

@@ -258,6 +258,20 @@ func (e *Engine) noteTurnChange(r Record) {
 	w := &e.turns
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	switch r.Op {
+	case "open_write", "open_trunc", "create":
+		if w.writing == nil {
+			w.writing = map[string]int{}
+		}
+		w.writing[r.Path]++
+	case "close_write":
+		// A handle renamed while open closes under its new name: the
+		// old name then stays counted (its outside edits go unseen),
+		// and the new one is never counted below zero.
+		if w.writing[r.Path]--; w.writing[r.Path] <= 0 {
+			delete(w.writing, r.Path)
+		}
+	}
 	if !w.open {
 		return
 	}
@@ -292,11 +306,17 @@ func (e *Engine) outsideChangesLocked(paths []string) []string {
 		return nil
 	}
 	for _, p := range paths {
+		if w.writing[p] > 0 {
+			continue // open for writing through the mount
+		}
 		known[p] = max(w.since, w.changed[p])
 	}
 	w.mu.Unlock()
 	var out []string
 	for _, p := range paths {
+		if _, ok := known[p]; !ok {
+			continue
+		}
 		l, err := e.locate(p)
 		if err != nil || l.m != nil || !l.hasBase {
 			continue
@@ -681,6 +701,13 @@ func (e *Engine) Rollback(turnID string, paths []string, force bool) (RollbackRe
 	if err != nil {
 		return RollbackResult{}, err
 	}
+	// The redo capture below may need room under the byte cap: it must
+	// not evict the turns this rollback is about to restore.
+	var held []string
+	for _, id := range plan.turns {
+		held = append(held, turnPrefix+id, postPrefix+id)
+	}
+	defer e.snaps.Hold(held...)()
 	res := RollbackResult{Turn: plan.turns[len(plan.turns)-1], Conflicts: plan.conflicts}
 	skip := map[string]bool{}
 	for _, c := range plan.conflicts {
@@ -692,8 +719,10 @@ func (e *Engine) Rollback(turnID string, paths []string, force bool) (RollbackRe
 			touched = append(touched, p)
 		}
 	}
-	// Redo: what the rollback overwrites, captured before it does.
-	e.dropRedo()
+	// Redo: what the rollback overwrites, captured before it does. The
+	// previous redo goes only once this capture has worked, so a refused
+	// rollback leaves it as it was.
+	newRedo := ""
 	if len(touched) > 0 {
 		e.redoSeq++
 		scope := fmt.Sprintf("%s%d", redoPrefix, e.redoSeq)
@@ -701,8 +730,10 @@ func (e *Engine) Rollback(turnID string, paths []string, force bool) (RollbackRe
 			e.snaps.Drop(scope)
 			return res, fmt.Errorf("capture redo: %w", err)
 		}
-		e.redo = scope
+		newRedo = scope
 	}
+	e.dropRedo()
+	e.redo = newRedo
 	seen := map[string]bool{}
 	for _, id := range plan.turns {
 		r, err := e.restoreFiltered(turnPrefix+id, func(p string) bool { return within(p, paths) && !skip[p] })
@@ -896,6 +927,10 @@ type turnState struct {
 	open    bool
 	since   int64
 	changed map[string]int64
+	// writing counts, turn or no turn, the mount's open writable handles
+	// by path: a file written through one changes after its open record,
+	// and must not look changed outside the mount.
+	writing map[string]int
 }
 
 // viewStates reads the view's state of each path scope changes.
@@ -1001,7 +1036,7 @@ func (e *Engine) redoConflicts(ents []snapshot.Entry) []Conflict {
 			out = append(out, Conflict{Path: p, Reason: "cannot be read: " + err.Error()})
 		case was == nil:
 			out = append(out, Conflict{Path: p, Reason: "what the rollback left is not known", Actual: describe(now)})
-		case !sameState(now, was):
+		case !sameShown(now, was):
 			out = append(out, Conflict{Path: p, Reason: "changed after the rollback by someone else", Expected: describe(was), Actual: describe(now)})
 		case now.Kind == snapshot.KindDir && target[p] != "" && target[p] != snapshot.KindDir:
 			if q := e.strayBelow(p, left, away); q != "" {

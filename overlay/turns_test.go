@@ -471,6 +471,10 @@ func TestTurnsRedoKeepsWriteThroughOpenFile(t *testing.T) {
 	h.overwrite("b", "b1\n")
 	f, err := h.e.Open("a", unix.O_WRONLY, caller)
 	require.NoError(t, err)
+	// Past the kernel's clock tick: the write's ctime is later than the
+	// open's record, and the file, still open through the mount, must
+	// not look changed outside it.
+	time.Sleep(30 * time.Millisecond)
 	_, err = unix.Pwrite(f.Fd, []byte("a1\n"), 0)
 	require.NoError(t, err)
 
@@ -533,4 +537,38 @@ func TestTurnsWriteThroughOpenFileClearsRedo(t *testing.T) {
 	_, err = h.e.Redo(false)
 	require.ErrorContains(t, err, "redo was cleared")
 	require.False(t, h.e.Capturing())
+}
+
+// A rollback whose redo capture needs room under the byte cap never
+// evicts the turns it is about to restore: when the room cannot be made
+// otherwise, the rollback is refused before any file changes, and the
+// turn is still there.
+func TestRollbackNeverEvictsItsOwnTurns(t *testing.T) {
+	h := newHarness(t)
+	st, err := snapstore.Open(filepath.Join(t.TempDir(), "snapshots"), snapstore.Options{ByteCap: 2500})
+	require.NoError(t, err)
+	require.NoError(t, h.e.Close())
+	h.e = nil
+	h.opts.Snapshots = st
+	h.opts.Mode = overlay.Immediate
+	h.open()
+	h.baseFile("f1", strings.Repeat("0", 1000))
+	_, err = h.e.StartTurn("t1", "")
+	require.NoError(t, err)
+	h.overwrite("f1", strings.Repeat("1", 1000)) // t1's pre-image: 1000 bytes
+	_, err = h.e.StartTurn("t2", "")             // t1's end state: 1000 more
+	require.NoError(t, err)
+	user := strings.Repeat("u", 1000)
+	require.NoError(t, os.WriteFile(h.wsPath("f1"), []byte(user), 0o644))
+
+	// Redo would need 1000 bytes more: 3000 > 2500, and only t1's own
+	// snapshots could make room.
+	_, err = h.e.Rollback("t1", nil, true)
+	require.ErrorIs(t, err, snapstore.ErrOverCap)
+	require.Equal(t, user, h.read("f1"), "nothing changed")
+	var ids []string
+	for _, turn := range h.e.Turns() {
+		ids = append(ids, turn.ID)
+	}
+	require.Contains(t, ids, "t1")
 }

@@ -135,3 +135,18 @@ func TestCloseAfterReboot(t *testing.T) {
 	s = openStore(t, dir, Options{NoSync: true})
 	require.ElementsMatch(t, []string{"turn:7", "late"}, open(s))
 }
+
+// A store without a boot record (new, or from before boot ids were kept,
+// when every close marker was fsynced) closes nothing: it only records
+// this boot.
+func TestNoBootRecordClosesNothing(t *testing.T) {
+	haveBootID(t)
+	dir := t.TempDir()
+	s := openStore(t, dir, Options{NoSync: true, Lazy: toolCalls})
+	_, err := s.Create("tc", "", 0)
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(filepath.Join(dir, bootFile)))
+	s = openStore(t, dir, Options{NoSync: true, Lazy: toolCalls})
+	require.Len(t, s.OpenSnapshots(), 1)
+	require.FileExists(t, filepath.Join(dir, bootFile))
+}

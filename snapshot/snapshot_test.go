@@ -758,3 +758,26 @@ func TestPutFileFallsBackToReadWrite(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, content, got)
 }
+
+// A path whose pre-image could not be stored stays given up on: a later
+// Add of it (its second mutation) records nothing, so restore never
+// writes back a state that was not the pre-image. It survives a reopen.
+func TestUncapturedPathIsNotCapturedLater(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir, Options{NoSync: true})
+	_, err := s.Create("s", "", 0)
+	require.NoError(t, err)
+	require.NoError(t, s.MarkUncaptured("s", "big"))
+	require.True(t, s.Has("s", "big"))
+	addFile(t, s, "s", "big", "an intermediate state")
+	info, ok := s.Lookup("s")
+	require.True(t, ok)
+	require.Empty(t, info.Paths)
+	require.Equal(t, []string{"big"}, info.Uncaptured)
+
+	s = openStore(t, dir, Options{NoSync: true})
+	require.True(t, s.Has("s", "big"))
+	require.NoError(t, s.Add("s", Entry{Path: "big", Kind: KindAbsent}))
+	info, _ = s.Lookup("s")
+	require.Empty(t, info.Paths)
+}

@@ -166,12 +166,13 @@ func (sn *snap) copyInfo() Info {
 }
 
 // uncaptured adds p to the snapshot's uncaptured paths, once.
+// A path given up on counts as captured for Has and Add: a later mutation
+// of it must not record an intermediate state as its pre-image.
 func (sn *snap) uncaptured(p string) {
-	for _, q := range sn.info.Uncaptured {
-		if q == p {
-			return
-		}
+	if _, ok := sn.has[p]; ok {
+		return
 	}
+	sn.has[p] = struct{}{}
 	sn.info.Uncaptured = append(sn.info.Uncaptured, p)
 }
 
@@ -198,6 +199,7 @@ type Store struct {
 	lazy      func(scopeID string) bool // Options.Lazy; nil when the boot id is unknown
 	flushes   atomic.Int64              // fsyncs asked for (also under NoSync), for tests
 	onDrop    func(id string)           // see OnDrop
+	held      map[string]int            // scope ids eviction must skip (Hold)
 
 	mu          sync.Mutex
 	order       []*snap          // by creation, oldest first
@@ -642,13 +644,13 @@ func (s *Store) enforceCapLocked(extra int64) error {
 	for s.total+extra > s.byteCap {
 		var victim *snap
 		for _, sn := range s.order {
-			if sn.info.Closed {
+			if sn.info.Closed && s.held[sn.info.ScopeID] == 0 {
 				victim = sn
 				break
 			}
 		}
 		if victim == nil {
-			break // only open snapshots left; they are never evicted
+			break // only open or held snapshots left; they are never evicted
 		}
 		if err := s.dropLocked(victim); err != nil {
 			return err
@@ -669,10 +671,10 @@ func (s *Store) makeRoomLocked(h string, size int64) error {
 	if s.byteCap < 0 || s.refs[h] != nil || s.total+size <= s.byteCap {
 		return nil
 	}
-	if open := s.openBytesLocked(); open+size > s.byteCap {
-		// Evicting every closed snapshot would not make room: keep them.
+	if kept := s.unevictableBytesLocked(); kept+size > s.byteCap {
+		// Evicting every snapshot it may would not make room: keep them.
 		s.removeUnpinnedLocked(h)
-		return fmt.Errorf("%w: %d bytes, with %d of %d held by open snapshots", ErrOverCap, size, open, s.byteCap)
+		return fmt.Errorf("%w: %d bytes, with %d of %d held by open snapshots", ErrOverCap, size, kept, s.byteCap)
 	}
 	// Pinned while closed snapshots go, so that their GC leaves it.
 	s.pins[h]++
@@ -688,13 +690,13 @@ func (s *Store) makeRoomLocked(h string, size int64) error {
 	return fmt.Errorf("%w: %d bytes, with %d of %d held by snapshots", ErrOverCap, size, s.total, s.byteCap)
 }
 
-// openBytesLocked sums the distinct bodies open snapshots refer to: what no
-// eviction can free.
-func (s *Store) openBytesLocked() int64 {
+// unevictableBytesLocked sums the distinct bodies that open and held
+// snapshots refer to: what no eviction can free.
+func (s *Store) unevictableBytesLocked() int64 {
 	seen := map[string]bool{}
 	var sum int64
 	for _, sn := range s.order {
-		if sn.info.Closed {
+		if sn.info.Closed && s.held[sn.info.ScopeID] == 0 {
 			continue
 		}
 		for h, size := range sn.hashes {
@@ -742,10 +744,8 @@ func (s *Store) MarkUncaptured(scopeID, path string) error {
 	if sn.info.Closed {
 		return fmt.Errorf("%w: %q", ErrClosed, scopeID)
 	}
-	for _, q := range sn.info.Uncaptured {
-		if q == path {
-			return nil
-		}
+	if _, ok := sn.has[path]; ok {
+		return nil // captured, or given up on, already
 	}
 	sn.uncaptured(path)
 	if sn.broken != nil {
@@ -857,6 +857,30 @@ func (s *Store) dropLocked(sn *snap) error {
 	return nil
 }
 
+// Hold keeps the snapshots of scopeIDs from eviction until the returned
+// release is called: an operation that will read them (a rollback
+// restoring its turns) must not see a capture it makes meanwhile evict
+// them. Drop still removes them.
+func (s *Store) Hold(scopeIDs ...string) (release func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held == nil {
+		s.held = map[string]int{}
+	}
+	for _, id := range scopeIDs {
+		s.held[id]++
+	}
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, id := range scopeIDs {
+			if s.held[id]--; s.held[id] <= 0 {
+				delete(s.held, id)
+			}
+		}
+	}
+}
+
 // OnDrop sets f to be called with the id of every snapshot the store drops
 // from now on (Drop, eviction, a closed scope id used again), so that a
 // user of the store can remove what it keeps beside a snapshot. f runs
@@ -936,6 +960,9 @@ func (s *Store) closeAfterReboot(p string) error {
 	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil || len(bytes.TrimSpace(boot)) == 0 {
 		s.lazy = nil
+		for _, sn := range s.order {
+			sn.lazy = false
+		}
 		return nil
 	}
 	last, err := os.ReadFile(p)
@@ -945,8 +972,11 @@ func (s *Store) closeAfterReboot(p string) error {
 	if bytes.Equal(last, boot) {
 		return nil
 	}
+	// With no record at all (a new store, or one from before boot ids
+	// were kept, whose close markers were all fsynced) only this boot is
+	// recorded.
 	for _, sn := range s.order {
-		if sn.lazy && !sn.info.Closed {
+		if err == nil && sn.lazy && !sn.info.Closed {
 			if err := s.appendLine(sn, closeMarker, true); err != nil {
 				return fmt.Errorf("snapshot: closing %q after a reboot: %w", sn.info.ScopeID, err)
 			}

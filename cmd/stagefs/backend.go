@@ -286,6 +286,8 @@ func fileError(path string, err error) error {
 		return control.Errorf(control.CodeInvalidParams, "%s is larger than %d bytes", path, overlay.MaxReadBytes)
 	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.ENOENT):
 		return control.Errorf(control.CodeNotFound, "%s: %v", path, err)
+	case errors.Is(err, syscall.EACCES):
+		return control.Errorf(control.CodeInvalidState, "%s: permission denied (a --deny policy covers it, or the file's mode)", path)
 	}
 	return err
 }
