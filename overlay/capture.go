@@ -60,6 +60,11 @@ func (e *Engine) capture(c Caller, paths ...string) error {
 			if e.snaps.Has(s.ScopeID, p) {
 				continue
 			}
+			if e.snaps.IsUncaptured(s.ScopeID, p) && !e.unchangedSinceFailure(s.ScopeID, p) {
+				// Changed since its capture failed (the mutation went
+				// on): what it is now is not its pre-image.
+				continue
+			}
 			var err error
 			if pre == nil {
 				if pre, err = e.preImage(p); err == nil {
@@ -149,7 +154,56 @@ func (e *Engine) captureFailed(scope, p string, err error) error {
 		return syscall.ENOSPC
 	}
 	e.markIncomplete(scope, p, err)
+	if st, ok := e.stampLocked(p); ok {
+		e.failMu.Lock()
+		if e.failStamps == nil {
+			e.failStamps = map[string]pathStamp{}
+		}
+		e.failStamps[scope+"\x00"+p] = st
+		e.failMu.Unlock()
+	}
 	return nil
+}
+
+// pathStamp is what a stat says of a path: enough to tell that it has not
+// changed (a write moves mtime and ctime; a replacement, the inode).
+type pathStamp struct {
+	mode         uint32
+	ino          uint64
+	size         int64
+	mtime, ctime int64
+}
+
+// stampLocked stats p in the view (a zero stamp for an absent path).
+// Called with the engine's lock held.
+func (e *Engine) stampLocked(p string) (pathStamp, bool) {
+	l, err := e.locate(p)
+	var st *syscall.Stat_t
+	if err == nil {
+		st, err = e.statLoc(p, l)
+	}
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENOTDIR) {
+		return pathStamp{}, true
+	}
+	if err != nil {
+		return pathStamp{}, false
+	}
+	return pathStamp{st.Mode, st.Ino, st.Size, st.Mtim.Nano(), st.Ctim.Nano()}, true
+}
+
+// unchangedSinceFailure reports whether p is as it was when its capture
+// for scope failed: then the mutation did not happen either (it failed
+// too, e.g. on the same full disk), and a capture now stores its true
+// pre-image. Without a stamp (the daemon restarted since) it is false.
+func (e *Engine) unchangedSinceFailure(scope, p string) bool {
+	e.failMu.Lock()
+	was, ok := e.failStamps[scope+"\x00"+p]
+	e.failMu.Unlock()
+	if !ok {
+		return false
+	}
+	now, ok := e.stampLocked(p)
+	return ok && now == was
 }
 
 // markIncomplete names p as a path scope could not capture, in its

@@ -725,6 +725,9 @@ func TestCaptureOverByteCap(t *testing.T) {
 	_, ok := st.Lookup("early")
 	require.False(t, ok, "a closed snapshot makes room")
 	h.overwrite("big", "b2\n") // larger than the whole cap
+	// Its next mutation does not capture "b2" (which fits) as if it were
+	// the pre-image: the path changed since its capture failed.
+	h.overwrite("big", "b3\n")
 	h.overwrite("small", "s2\n")
 	require.Equal(t, []string{"tc big"}, failed)
 	info, err := h.e.CloseSnapshot("tc")
@@ -743,7 +746,7 @@ func TestCaptureOverByteCap(t *testing.T) {
 	require.Equal(t, []string{"big"}, res.Uncaptured)
 	require.Equal(t, strings.Repeat("m", 60), h.read("mid"))
 	require.Equal(t, "s\n", h.read("small"))
-	require.Equal(t, "b2\n", h.read("big"), "what could not be captured stays")
+	require.Equal(t, "b3\n", h.read("big"), "what could not be captured stays")
 }
 
 // A closed tool-call snapshot whose post file is missing (closed at the

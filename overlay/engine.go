@@ -131,9 +131,14 @@ type Engine struct {
 	// heldWriters lists the files held open for writing through
 	// passthrough (set by the FUSE layer).
 	heldWriters atomic.Pointer[func() []HeldWriter]
-	procs       procCache
-	inos        *inoMap // inode numbers kept across commit
-	upperIno    atomic.Uint64
+	// failStamps holds, by scope and path, the stat of each path whose
+	// capture failed, so that its capture is tried again only if it has
+	// not changed since (unchangedSinceFailure).
+	failMu     sync.Mutex
+	failStamps map[string]pathStamp
+	procs      procCache
+	inos       *inoMap // inode numbers kept across commit
+	upperIno   atomic.Uint64
 
 	userMu   sync.Mutex
 	userPids map[int]bool // processes marked as the user's (userMu)

@@ -759,25 +759,31 @@ func TestPutFileFallsBackToReadWrite(t *testing.T) {
 	require.Equal(t, content, got)
 }
 
-// A path whose pre-image could not be stored stays given up on: a later
-// Add of it (its second mutation) records nothing, so restore never
-// writes back a state that was not the pre-image. It survives a reopen.
-func TestUncapturedPathIsNotCapturedLater(t *testing.T) {
+// A path whose pre-image could not be stored is marked uncaptured, once;
+// a later Add of it (the engine knows it has not changed since) takes the
+// mark back, also across a reopen.
+func TestUncapturedThenCaptured(t *testing.T) {
 	dir := t.TempDir()
 	s := openStore(t, dir, Options{NoSync: true})
 	_, err := s.Create("s", "", 0)
 	require.NoError(t, err)
 	require.NoError(t, s.MarkUncaptured("s", "big"))
-	require.True(t, s.Has("s", "big"))
-	addFile(t, s, "s", "big", "an intermediate state")
-	info, ok := s.Lookup("s")
-	require.True(t, ok)
-	require.Empty(t, info.Paths)
-	require.Equal(t, []string{"big"}, info.Uncaptured)
+	require.NoError(t, s.MarkUncaptured("s", "big"))
+	require.NoError(t, s.MarkUncaptured("s", "other"))
+	require.True(t, s.IsUncaptured("s", "big"))
+	require.False(t, s.Has("s", "big"))
+	info, _ := s.Lookup("s")
+	require.Equal(t, []string{"big", "other"}, info.Uncaptured)
+
+	addFile(t, s, "s", "big", "the pre-image after all")
+	require.False(t, s.IsUncaptured("s", "big"))
+	info, _ = s.Lookup("s")
+	require.Equal(t, []string{"big"}, info.Paths)
+	require.Equal(t, []string{"other"}, info.Uncaptured)
+	require.NoError(t, s.MarkUncaptured("s", "big"), "captured: no mark")
 
 	s = openStore(t, dir, Options{NoSync: true})
-	require.True(t, s.Has("s", "big"))
-	require.NoError(t, s.Add("s", Entry{Path: "big", Kind: KindAbsent}))
 	info, _ = s.Lookup("s")
-	require.Empty(t, info.Paths)
+	require.Equal(t, []string{"big"}, info.Paths)
+	require.Equal(t, []string{"other"}, info.Uncaptured)
 }

@@ -134,6 +134,14 @@ func (sn *snap) record(e Entry) (newBody bool) {
 	sn.has[entryKey(e)] = struct{}{}
 	sn.entries = append(sn.entries, e)
 	sn.info.Paths = append(sn.info.Paths, e.Path)
+	if e.Kind != KindMoved {
+		for i, q := range sn.info.Uncaptured {
+			if q == e.Path {
+				sn.info.Uncaptured = append(sn.info.Uncaptured[:i:i], sn.info.Uncaptured[i+1:]...)
+				break
+			}
+		}
+	}
 	if e.Kind != KindFile {
 		return false
 	}
@@ -166,14 +174,23 @@ func (sn *snap) copyInfo() Info {
 }
 
 // uncaptured adds p to the snapshot's uncaptured paths, once.
-// A path given up on counts as captured for Has and Add: a later mutation
-// of it must not record an intermediate state as its pre-image.
+// uncaptured notes p as given up on, unless it is captured. A later Add of
+// p takes the mark back (record): the engine captures such a path again
+// only when it knows that it has not changed since the capture failed.
 func (sn *snap) uncaptured(p string) {
-	if _, ok := sn.has[p]; ok {
+	if _, ok := sn.has[p]; ok || sn.isUncaptured(p) {
 		return
 	}
-	sn.has[p] = struct{}{}
 	sn.info.Uncaptured = append(sn.info.Uncaptured, p)
+}
+
+func (sn *snap) isUncaptured(p string) bool {
+	for _, q := range sn.info.Uncaptured {
+		if q == p {
+			return true
+		}
+	}
+	return false
 }
 
 func (sn *snap) copyEntries() []Entry {
@@ -504,6 +521,15 @@ func (s *Store) Has(scopeID, path string) bool {
 	return ok
 }
 
+// IsUncaptured reports whether path is marked as given up on in the
+// snapshot of scopeID (MarkUncaptured) and not captured since.
+func (s *Store) IsUncaptured(scopeID, path string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sn := s.byScope[scopeID]
+	return sn != nil && sn.isUncaptured(path)
+}
+
 // Add appends e to the snapshot's manifest and fsyncs it before returning.
 // Adding a path that was captured already is a no-op: the first capture is
 // the pre-image. The snapshot must be open, and a file entry's body must
@@ -744,7 +770,7 @@ func (s *Store) MarkUncaptured(scopeID, path string) error {
 	if sn.info.Closed {
 		return fmt.Errorf("%w: %q", ErrClosed, scopeID)
 	}
-	if _, ok := sn.has[path]; ok {
+	if _, ok := sn.has[path]; ok || sn.isUncaptured(path) {
 		return nil // captured, or given up on, already
 	}
 	sn.uncaptured(path)
