@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"os/user"
@@ -70,19 +69,14 @@ func strangerBinary(t *testing.T) string {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(dir, "stagefs")
-	src, err := os.Open(stagefsBin)
-	if err != nil {
-		t.Fatal(err)
+	// cp writes the copy, not this process: a file this process held
+	// open for writing would be inherited by every child the parallel
+	// tests fork meanwhile, and exec of it would fail with ETXTBSY until
+	// they exec too.
+	if out, err := exec.Command("cp", stagefsBin, bin).CombinedOutput(); err != nil {
+		t.Fatalf("cp %s: %v: %s", stagefsBin, err, out)
 	}
-	defer src.Close()
-	dst, err := os.OpenFile(bin, os.O_CREATE|os.O_WRONLY, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(dst, src); err != nil {
-		t.Fatal(err)
-	}
-	if err := dst.Close(); err != nil {
+	if err := os.Chmod(bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	return bin
