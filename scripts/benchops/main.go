@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -46,7 +47,7 @@ func fail(err error) {
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Microseconds())/1000) }
 
-// timed runs fn three times and returns the median duration.
+// timed runs fn several times and returns the median duration.
 func timed(fn func() error) time.Duration {
 	return timedPart(func() (time.Duration, error) {
 		s := time.Now()
@@ -55,27 +56,23 @@ func timed(fn func() error) time.Duration {
 	})
 }
 
-// timedPart runs fn three times and returns the median of the durations it
+// reps is how many times each operation runs: the median of seven is
+// steady enough for the sub-millisecond ones on a noisy machine.
+const reps = 7
+
+// timedPart runs fn reps times and returns the median of the durations it
 // reports (the part it measures).
 func timedPart(fn func() (time.Duration, error)) time.Duration {
 	var ds []time.Duration
-	for i := 0; i < 3; i++ {
+	for i := 0; i < reps; i++ {
 		d, err := fn()
 		if err != nil {
 			fail(err)
 		}
 		ds = append(ds, d)
 	}
-	if ds[0] > ds[1] {
-		ds[0], ds[1] = ds[1], ds[0]
-	}
-	if ds[1] > ds[2] {
-		ds[1], ds[2] = ds[2], ds[1]
-	}
-	if ds[0] > ds[1] {
-		ds[0], ds[1] = ds[1], ds[0]
-	}
-	return ds[1]
+	slices.Sort(ds)
+	return ds[len(ds)/2]
 }
 
 func write(p, s string) error { return os.WriteFile(p, []byte(s), 0o644) }
