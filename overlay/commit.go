@@ -80,6 +80,7 @@ func (e *Engine) Commit(paths []string, force bool, c Caller) CommitResult {
 	if len(sel) == 0 {
 		return CommitResult{}
 	}
+	e.emptyTrash()
 	sum, _ := json.Marshal(map[string]int{"committed": len(res.Committed), "conflicts": len(res.Conflicts), "failed": len(res.Failed)})
 	e.note(Record{Op: "commit_end", Pid: c.Pid, Detail: string(sum)})
 	e.changed()
@@ -841,11 +842,51 @@ func (e *Engine) dropCommitted(p string) {
 		}
 		return
 	}
-	if e.upper.withParent(p, func(dirfd int, name string) error { return removeAllAt(dirfd, name) }) != nil {
+	if e.upper.withParent(p, func(dirfd int, name string) error {
+		if m.Kind != KindDir && e.toTrash(dirfd, name) {
+			return nil
+		}
+		return removeAllAt(dirfd, name)
+	}) != nil {
 		return
 	}
 	e.dropEntry(p)
 	e.pruneContainers(p)
+}
+
+// toTrash moves the committed upper file name (in dirfd) into work/, to
+// be unlinked after the commit has answered (emptyTrash): freeing a file's
+// blocks costs the file system about 0.3 ms here once they are allocated,
+// 0.3 s of a 1,000-file commit, while a rename costs 20 us. work/ is
+// emptied at start-up, so a crash leaves nothing behind.
+func (e *Engine) toTrash(dirfd int, name string) bool {
+	trash := "trash." + e.tmpName()
+	if renameFileAt(dirfd, name, e.workFd, trash, 0) != nil {
+		return false
+	}
+	e.trashMu.Lock()
+	e.trash = append(e.trash, trash)
+	e.trashMu.Unlock()
+	return true
+}
+
+// emptyTrash unlinks, in the background, what commits moved to work/.
+// Close waits for it.
+func (e *Engine) emptyTrash() {
+	e.trashMu.Lock()
+	names := e.trash
+	e.trash = nil
+	e.trashMu.Unlock()
+	if len(names) == 0 {
+		return
+	}
+	e.trashWG.Add(1)
+	go func() {
+		defer e.trashWG.Done()
+		for _, name := range names {
+			unix.Unlinkat(e.workFd, name, 0)
+		}
+	}()
 }
 
 // Discard drops the pending changes at or below paths (all when empty) and

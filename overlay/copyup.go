@@ -1,6 +1,7 @@
 package overlay
 
 import (
+	"errors"
 	"io"
 	"strings"
 	"syscall"
@@ -197,26 +198,30 @@ func (e *Engine) copyBody(basePath string, dst int, size int64) error {
 	return copyFd(src, dst, size)
 }
 
+// copyFd copies src, from its offset to its end, onto dst in the kernel
+// (copy_file_range), reading and writing only where the kernel refuses.
+// It copies until the end of the file, which may have grown or shrunk
+// since size was read from a stat.
 func copyFd(src, dst int, size int64) error {
 	var done int64
-	for done < size {
-		n, err := unix.CopyFileRange(src, nil, dst, nil, int(min(size-done, 1<<30)), 0)
-		if err == unix.EINTR {
+	for {
+		n, err := unix.CopyFileRange(src, nil, dst, nil, 1<<30, 0)
+		switch {
+		case err == unix.EINTR:
 			continue
-		}
-		if err == unix.EXDEV || err == unix.ENOSYS || err == unix.EOPNOTSUPP || err == unix.EINVAL {
+		case err == unix.EXDEV || err == unix.ENOSYS || err == unix.EOPNOTSUPP || err == unix.EINVAL:
 			return copyFdSlow(src, dst)
-		}
-		if err != nil {
+		case err != nil:
 			return err
-		}
-		if n == 0 {
-			break // the file shrank while we copied
+		case n == 0 && done == 0 && size > 0:
+			// Some kernels copy nothing, without an error, between
+			// certain file systems: read and write instead.
+			return copyFdSlow(src, dst)
+		case n == 0:
+			return nil
 		}
 		done += int64(n)
 	}
-	// The file may have grown since it was stat'ed: copy the rest.
-	return copyFdSlow(src, dst)
 }
 
 type fdReader int
@@ -251,17 +256,27 @@ func copyFdSlow(src, dst int) error {
 // Failures are ignored: some namespaces need privileges the daemon lacks,
 // and a missing xattr must not fail the write that caused the copy-up.
 func copyXattrs(l layer, rel string, fd int) {
-	buf := make([]byte, 64<<10)
+	// Small buffers first (a commit copies every file): the kernel says
+	// ERANGE when a list or value needs more, up to its 64 KiB limit.
+	buf := make([]byte, 1<<10)
 	n, err := l.listxattr(rel, buf)
+	if errors.Is(err, unix.ERANGE) {
+		buf = make([]byte, 64<<10)
+		n, err = l.listxattr(rel, buf)
+	}
 	if err != nil || n <= 0 {
 		return
 	}
-	val := make([]byte, 64<<10)
+	val := make([]byte, 1<<10)
 	for _, name := range strings.Split(string(buf[:n]), "\x00") {
 		if name == "" || strings.HasPrefix(name, xattrPrefix) {
 			continue
 		}
 		vn, err := l.getxattr(rel, name, val)
+		if errors.Is(err, unix.ERANGE) {
+			val = make([]byte, 64<<10)
+			vn, err = l.getxattr(rel, name, val)
+		}
 		if err != nil {
 			continue
 		}

@@ -136,9 +136,15 @@ type Engine struct {
 	// not changed since (unchangedSinceFailure).
 	failMu     sync.Mutex
 	failStamps map[string]pathStamp
-	procs      procCache
-	inos       *inoMap // inode numbers kept across commit
-	upperIno   atomic.Uint64
+
+	// trash lists committed upper files moved into work/, which a
+	// background unlink (trashWG) removes after the commit (toTrash).
+	trashMu  sync.Mutex
+	trash    []string
+	trashWG  sync.WaitGroup
+	procs    procCache
+	inos     *inoMap // inode numbers kept across commit
+	upperIno atomic.Uint64
 
 	userMu   sync.Mutex
 	userPids map[int]bool // processes marked as the user's (userMu)
@@ -264,6 +270,7 @@ func (e *Engine) syncEvery(interval time.Duration) {
 
 // Close releases the engine's directory descriptors.
 func (e *Engine) Close() error {
+	e.trashWG.Wait() // it unlinks in work/
 	if e.stopSync != nil {
 		close(e.stopSync)
 		<-e.syncDone

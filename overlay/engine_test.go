@@ -1,6 +1,7 @@
 package overlay_test
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -1256,4 +1257,45 @@ func TestOnChangeCalled(t *testing.T) {
 	_, err = e.Mkdir("d", 0o755, caller)
 	require.NoError(t, err)
 	require.Positive(t, n)
+}
+
+// Extended attributes larger than the first small buffer (here 2,000 bytes) are
+// copied up and committed whole.
+func TestLargeXattrSurvivesCopyUpAndCommit(t *testing.T) {
+	h := newHarness(t)
+	h.baseFile("x", "old\n")
+	big := bytes.Repeat([]byte("v"), 2000) // more than the first 1 KiB buffer
+	if err := unix.Setxattr(h.wsPath("x"), "user.big", big, 0); err != nil {
+		t.Skip("no user xattrs here:", err)
+	}
+	h.overwrite("x", "new\n")
+	got := make([]byte, 8192)
+	n, err := h.e.Getxattr("x", "user.big", got)
+	require.NoError(t, err)
+	require.Equal(t, big, got[:n], "copied up")
+	h.commitAll()
+	n, err = unix.Getxattr(h.wsPath("x"), "user.big", got)
+	require.NoError(t, err)
+	require.Equal(t, big, got[:n], "committed")
+	require.Equal(t, "new\n", h.baseRead("x"))
+}
+
+// A commit moves the committed upper files into work/ and unlinks them
+// after it has answered; by Close nothing of them is left, in upper/ or
+// in work/.
+func TestCommitLeavesNoTrash(t *testing.T) {
+	h := newHarness(t)
+	h.baseFile("a", "a0\n")
+	h.overwrite("a", "a1\n")
+	h.create("b", "b1\n")
+	h.commitAll()
+	require.Empty(t, h.upperEntries())
+	require.NoError(t, h.e.Close())
+	h.e = nil
+	ents, err := os.ReadDir(filepath.Join(h.opts.StateDir, "work"))
+	require.NoError(t, err)
+	require.Empty(t, ents)
+	h.open()
+	require.Equal(t, "a1\n", h.read("a"))
+	require.Equal(t, "b1\n", h.read("b"))
 }
