@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"stagefs/internal/fdio"
 	"stagefs/snapshot"
 )
 
@@ -836,7 +837,7 @@ func (e *Engine) undelete(p string) bool {
 // hashOf returns the hex SHA-256 of what fd reads.
 func hashOf(fd int) string {
 	h := sha256.New()
-	if _, err := copyBuffer(h, fdReader(fd)); err != nil {
+	if _, err := copyBuffer(h, fdio.Reader(fd)); err != nil {
 		return ""
 	}
 	return hex.EncodeToString(h.Sum(nil))
@@ -866,7 +867,7 @@ func (e *Engine) restoreFile(ent snapshot.Entry) error {
 	if err != nil {
 		return err
 	}
-	_, err = copyBuffer(fdWriter(f.Fd), body)
+	_, err = copyBuffer(fdio.Writer(f.Fd), body)
 	e.Release(ent.Path, f, daemon)
 	if err != nil {
 		return err
@@ -1116,7 +1117,7 @@ func (e *Engine) copyTree(from, to string) error {
 		if err != nil {
 			return err
 		}
-		_, err = copyBuffer(fdWriter(dst.Fd), fdReader(src.Fd))
+		_, err = copyBuffer(fdio.Writer(dst.Fd), fdio.Reader(src.Fd))
 		e.Release(to, dst, daemon)
 		if err != nil {
 			return err

@@ -2,12 +2,13 @@ package overlay
 
 import (
 	"errors"
-	"io"
 	"strings"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"stagefs/internal/fdio"
 )
 
 // writeMeta stores m on the upper entry at p.
@@ -198,57 +199,10 @@ func (e *Engine) copyBody(basePath string, dst int, size int64) error {
 	return copyFd(src, dst, size)
 }
 
-// copyFd copies src, from its offset to its end, onto dst in the kernel
-// (copy_file_range), reading and writing only where the kernel refuses.
-// It copies until the end of the file, which may have grown or shrunk
-// since size was read from a stat.
+// copyFd copies src, from its offset to its end, onto dst (fdio.Copy:
+// in the kernel where it can); size, from a stat, only tells an empty file.
 func copyFd(src, dst int, size int64) error {
-	var done int64
-	for {
-		n, err := unix.CopyFileRange(src, nil, dst, nil, 1<<30, 0)
-		switch {
-		case err == unix.EINTR:
-			continue
-		case err == unix.EXDEV || err == unix.ENOSYS || err == unix.EOPNOTSUPP || err == unix.EINVAL:
-			return copyFdSlow(src, dst)
-		case err != nil:
-			return err
-		case n == 0 && done == 0 && size > 0:
-			// Some kernels copy nothing, without an error, between
-			// certain file systems: read and write instead.
-			return copyFdSlow(src, dst)
-		case n == 0:
-			return nil
-		}
-		done += int64(n)
-	}
-}
-
-type fdReader int
-
-func (r fdReader) Read(b []byte) (int, error) {
-	n, err := unix.Read(int(r), b)
-	if err == nil && n == 0 {
-		return 0, io.EOF
-	}
-	if n < 0 {
-		n = 0
-	}
-	return n, err
-}
-
-type fdWriter int
-
-func (w fdWriter) Write(b []byte) (int, error) {
-	n, err := unix.Write(int(w), b)
-	if n < 0 {
-		n = 0
-	}
-	return n, err
-}
-
-func copyFdSlow(src, dst int) error {
-	_, err := io.CopyBuffer(fdWriter(dst), fdReader(src), make([]byte, 256<<10))
+	_, err := fdio.Copy(src, dst, size)
 	return err
 }
 

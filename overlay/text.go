@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"stagefs/internal/fdio"
 	"stagefs/internal/unidiff"
 )
 
@@ -39,7 +40,7 @@ func (e *Engine) ReadFile(p string) (data []byte, exists bool, err error) {
 	if st.Size > MaxReadBytes {
 		return nil, true, syscall.EFBIG
 	}
-	data, err = io.ReadAll(io.LimitReader(fdReader(f.Fd), MaxReadBytes+1))
+	data, err = io.ReadAll(io.LimitReader(fdio.Reader(f.Fd), MaxReadBytes+1))
 	return data, true, err
 }
 
@@ -50,7 +51,7 @@ func (e *Engine) WriteFile(p string, data []byte, c Caller) error {
 	if err != nil {
 		return err
 	}
-	_, err = io.Copy(fdWriter(f.Fd), bytes.NewReader(data))
+	_, err = io.Copy(fdio.Writer(f.Fd), bytes.NewReader(data))
 	if err == nil {
 		err = unix.Fsync(f.Fd)
 	}
@@ -103,7 +104,7 @@ func (e *Engine) PatchFile(p string, c Caller, decide func(cur []byte, exists bo
 			if oerr != nil {
 				return oerr
 			}
-			cur, err = io.ReadAll(io.LimitReader(fdReader(fd), MaxReadBytes+1))
+			cur, err = io.ReadAll(io.LimitReader(fdio.Reader(fd), MaxReadBytes+1))
 			unix.Close(fd)
 			if err != nil {
 				return err
@@ -119,7 +120,7 @@ func (e *Engine) PatchFile(p string, c Caller, decide func(cur []byte, exists bo
 	if err != nil {
 		return err
 	}
-	_, err = io.Copy(fdWriter(f.Fd), bytes.NewReader(next))
+	_, err = io.Copy(fdio.Writer(f.Fd), bytes.NewReader(next))
 	if err == nil {
 		err = unix.Fsync(f.Fd)
 	}
@@ -227,7 +228,7 @@ func (e *Engine) bodyOf(l layer, rel string, mode uint32, size int64) ([]byte, u
 		return nil, 0
 	}
 	defer unix.Close(fd)
-	b, err := io.ReadAll(io.LimitReader(fdReader(fd), MaxReadBytes))
+	b, err := io.ReadAll(io.LimitReader(fdio.Reader(fd), MaxReadBytes))
 	if err != nil {
 		return nil, 0
 	}

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"stagefs/internal/fdio"
 )
 
 func (s *Store) blobPath(h string) string {
@@ -46,75 +48,23 @@ func (s *Store) PutBody(r io.Reader) (string, int64, error) {
 // a copy that never reaches user space) and then hashes the copy, so the
 // hash is of exactly the bytes stored even if the file changes meanwhile.
 // Where the kernel cannot copy between the two files it falls back to
-// reading and writing.
+// reading and writing (fdio.Copy).
 func (s *Store) PutFile(fd int) (string, int64, error) {
 	tmp, err := os.CreateTemp(s.blobDir, tmpPrefix+"*")
 	if err != nil {
 		return "", 0, fmt.Errorf("snapshot: %w", err)
 	}
-	size, err := copyInKernel(fd, int(tmp.Fd()))
+	var st unix.Stat_t
+	err = unix.Fstat(fd, &st)
+	var size int64
+	if err == nil {
+		size, err = fdio.Copy(fd, int(tmp.Fd()), st.Size)
+	}
 	h := sha256.New()
 	if err == nil {
 		_, err = io.Copy(h, io.NewSectionReader(tmp, 0, size))
 	}
 	return s.storeTemp(tmp, size, h, err)
-}
-
-// copyInKernel copies from src's offset to its end onto dst's offset with
-// copy_file_range, or with read and write where the kernel refuses (other
-// file systems, old kernels), and returns the bytes copied.
-func copyInKernel(src, dst int) (int64, error) {
-	var size int64
-	for {
-		n, err := unix.CopyFileRange(src, nil, dst, nil, 1<<30, 0)
-		switch {
-		case err == unix.EINTR:
-			continue
-		case err == unix.EXDEV || err == unix.ENOSYS || err == unix.EOPNOTSUPP || err == unix.EINVAL:
-			// Both offsets stand where the copy stopped: go on there.
-			rest, err := io.Copy(fdFile{dst}, fdFile{src})
-			return size + rest, err
-		case err != nil:
-			return size, err
-		case n == 0:
-			return size, nil
-		}
-		size += int64(n)
-	}
-}
-
-// fdFile reads and writes a descriptor it does not own.
-type fdFile struct{ fd int }
-
-func (f fdFile) Read(p []byte) (int, error) {
-	for {
-		n, err := unix.Read(f.fd, p)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return 0, err
-		}
-		if n == 0 {
-			return 0, io.EOF
-		}
-		return n, nil
-	}
-}
-
-func (f fdFile) Write(p []byte) (int, error) {
-	done := 0
-	for done < len(p) {
-		n, err := unix.Write(f.fd, p[done:])
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return done, err
-		}
-		done += n
-	}
-	return done, nil
 }
 
 // storeTemp finishes a PutBody or PutFile: fsyncs the temp file holding
