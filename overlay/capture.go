@@ -561,10 +561,10 @@ func (e *Engine) RestoreTool(scope string, keepLater bool) (RestoreResult, error
 	e.rlocked(func() error {
 		for p, after := range post {
 			cur, err := e.viewState(p)
-			if err != nil || sameShown(cur, after) {
+			if err != nil || sameState(cur, after) {
 				continue
 			}
-			if ent, ok := pre[p]; ok && sameShown(cur, &ent) {
+			if ent, ok := pre[p]; ok && sameState(cur, &ent) {
 				continue // restored already
 			}
 			later[p] = true
@@ -595,15 +595,6 @@ func (e *Engine) RestoreTool(scope string, keepLater bool) (RestoreResult, error
 	res.Overwritten, res.Kept = overwritten, kept
 	res.Uncaptured = e.Uncaptured(scope)
 	return res, err
-}
-
-// sameShown compares what a restore would change at a path: its kind and
-// content, and its permission bits and owner.
-func sameShown(a, b *snapshot.Entry) bool {
-	if !sameState(a, b) || a.Uid != b.Uid || a.Gid != b.Gid {
-		return false
-	}
-	return a.Kind == snapshot.KindSymlink || a.Mode&0o7777 == b.Mode&0o7777
 }
 
 // findLaterBelow finds the paths that a restore of ents would remove

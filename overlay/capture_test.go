@@ -29,8 +29,14 @@ func newSnapHarness(t *testing.T, mode overlay.Mode) (*harness, *snapstore.Store
 // newSnapHarnessIn keeps the snapshot store in dir.
 func newSnapHarnessIn(t *testing.T, mode overlay.Mode, dir string) (*harness, *snapstore.Store) {
 	t.Helper()
+	return newSnapHarnessWith(t, mode, dir, snapstore.Options{})
+}
+
+// newSnapHarnessWith keeps the snapshot store in dir, opened with opts.
+func newSnapHarnessWith(t *testing.T, mode overlay.Mode, dir string, opts snapstore.Options) (*harness, *snapstore.Store) {
+	t.Helper()
 	h := newHarness(t)
-	st, err := snapstore.Open(dir, snapstore.Options{})
+	st, err := snapstore.Open(dir, opts)
 	require.NoError(t, err)
 	require.NoError(t, h.e.Close())
 	h.e = nil
@@ -699,21 +705,16 @@ func ptrTo[T any](v T) *T { return &v }
 // in restore's result, and the rest of the tool call is restored.
 func TestCaptureOverByteCap(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "snapshots")
-	h := newHarness(t)
-	st, err := snapstore.Open(dir, snapstore.Options{ByteCap: 100})
-	require.NoError(t, err)
-	require.NoError(t, h.e.Close())
-	h.e = nil
-	h.opts.Snapshots = st
+	h, st := newSnapHarnessWith(t, overlay.Staged, dir, snapstore.Options{ByteCap: 100})
 	var failed []string
 	h.opts.OnCaptureFailed = func(scope, p string, err error) { failed = append(failed, scope+" "+p) }
-	h.open()
+	h.restart()
 	h.baseFile("old", strings.Repeat("o", 60))
 	h.baseFile("mid", strings.Repeat("m", 60))
 	h.baseFile("big", strings.Repeat("b", 200))
 	h.baseFile("small", "s\n")
 
-	_, err = h.e.OpenSnapshot("early", "", 0, nil)
+	_, err := h.e.OpenSnapshot("early", "", 0, nil)
 	require.NoError(t, err)
 	h.overwrite("old", "o2\n")
 	_, err = h.e.CloseSnapshot("early")

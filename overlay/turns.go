@@ -660,17 +660,21 @@ func matchesAny(now *snapshot.Entry, pres []snapshot.Entry) bool {
 	return false
 }
 
+// sameState compares what a restore, rollback or redo would change at a
+// path: its kind, its content (a file's hash, a symlink's target), its
+// owner and, but for a symlink, its permission bits. Times are not
+// compared: reading a file changes its atime, and restores set them anyway.
 func sameState(a, b *snapshot.Entry) bool {
-	if a.Kind != b.Kind {
+	if a.Kind != b.Kind || a.Uid != b.Uid || a.Gid != b.Gid {
 		return false
 	}
 	switch a.Kind {
 	case snapshot.KindFile:
-		return a.Hash == b.Hash
+		return a.Hash == b.Hash && a.Mode&0o7777 == b.Mode&0o7777
 	case snapshot.KindSymlink:
 		return a.Target == b.Target
 	}
-	return true
+	return a.Mode&0o7777 == b.Mode&0o7777
 }
 
 func describe(e *snapshot.Entry) string {
@@ -1036,7 +1040,7 @@ func (e *Engine) redoConflicts(ents []snapshot.Entry) []Conflict {
 			out = append(out, Conflict{Path: p, Reason: "cannot be read: " + err.Error()})
 		case was == nil:
 			out = append(out, Conflict{Path: p, Reason: "what the rollback left is not known", Actual: describe(now)})
-		case !sameShown(now, was):
+		case !sameState(now, was):
 			out = append(out, Conflict{Path: p, Reason: "changed after the rollback by someone else", Expected: describe(was), Actual: describe(now)})
 		case now.Kind == snapshot.KindDir && target[p] != "" && target[p] != snapshot.KindDir:
 			if q := e.strayBelow(p, left, away); q != "" {

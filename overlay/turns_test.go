@@ -428,14 +428,7 @@ func TestTurnsPruneAtStart(t *testing.T) {
 // The byte cap evicts snapshots one at a time; a turn's end state goes with
 // its pre-images, not later.
 func TestTurnsByteCapDropsEndStates(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "snapshots")
-	h, _ := newSnapHarnessIn(t, overlay.Staged, dir)
-	require.NoError(t, h.e.Close())
-	h.e = nil
-	st, err := snapstore.Open(dir, snapstore.Options{ByteCap: 4096})
-	require.NoError(t, err)
-	h.opts.Snapshots = st
-	h.open()
+	h, st := newSnapHarnessWith(t, overlay.Staged, filepath.Join(t.TempDir(), "snapshots"), snapstore.Options{ByteCap: 4096})
 	const size = 3 << 10
 	for i := 1; i <= 4; i++ {
 		h.baseFile(fmt.Sprintf("f%d", i), strings.Repeat(fmt.Sprint(i), size))
@@ -445,7 +438,7 @@ func TestTurnsByteCapDropsEndStates(t *testing.T) {
 		require.NoError(t, err)
 		h.overwrite(fmt.Sprintf("f%d", i), strings.Repeat("x", size-1)+fmt.Sprint(i))
 	}
-	_, err = h.e.StartTurn("last", "")
+	_, err := h.e.StartTurn("last", "")
 	require.NoError(t, err)
 	kept := map[string]bool{}
 	for _, s := range st.List() {
@@ -544,16 +537,9 @@ func TestTurnsWriteThroughOpenFileClearsRedo(t *testing.T) {
 // otherwise, the rollback is refused before any file changes, and the
 // turn is still there.
 func TestRollbackNeverEvictsItsOwnTurns(t *testing.T) {
-	h := newHarness(t)
-	st, err := snapstore.Open(filepath.Join(t.TempDir(), "snapshots"), snapstore.Options{ByteCap: 2500})
-	require.NoError(t, err)
-	require.NoError(t, h.e.Close())
-	h.e = nil
-	h.opts.Snapshots = st
-	h.opts.Mode = overlay.Immediate
-	h.open()
+	h, _ := newSnapHarnessWith(t, overlay.Immediate, filepath.Join(t.TempDir(), "snapshots"), snapstore.Options{ByteCap: 2500})
 	h.baseFile("f1", strings.Repeat("0", 1000))
-	_, err = h.e.StartTurn("t1", "")
+	_, err := h.e.StartTurn("t1", "")
 	require.NoError(t, err)
 	h.overwrite("f1", strings.Repeat("1", 1000)) // t1's pre-image: 1000 bytes
 	_, err = h.e.StartTurn("t2", "")             // t1's end state: 1000 more
