@@ -13,11 +13,36 @@ import (
 
 // writeMeta stores m on the upper entry at p.
 func (e *Engine) writeMeta(p string, m *meta) error {
+	return e.writeMetaFor(p, p, m)
+}
+
+// writeMetaFor stores on the upper entry at p the meta m describes it with
+// once it is at dest (a rename writes it before it moves the entry).
+func (e *Engine) writeMetaFor(p, dest string, m *meta) error {
+	e.placeMeta(m, dest)
 	if err := e.upper.setxattr(p, metaXattr, m.encode(), 0); err != nil {
 		return err
 	}
 	m.unsaved = false
 	return nil
+}
+
+// placeMeta sets the place m is written for (see meta.Dir).
+func (e *Engine) placeMeta(m *meta, p string) {
+	dir, name := splitPath(p)
+	m.Dir, m.Name = e.upperDirIno(dir), name
+}
+
+// upperDirIno returns the inode number of the upper directory dir, 0 when
+// it has none.
+func (e *Engine) upperDirIno(dir string) uint64 {
+	if dir == "" {
+		return e.upperRootIno
+	}
+	if m := e.index[dir]; m != nil && m.Kind == KindDir {
+		return m.uino
+	}
+	return 0
 }
 
 // ensureUpperDir makes sure the directory p of the merged view has an upper
@@ -58,7 +83,7 @@ func (e *Engine) ensureUpperDir(p string) error {
 			return err
 		}
 		defer unix.Close(fd)
-		return e.finishUpper(fd, st, m)
+		return e.finishUpper(fd, p, st, m)
 	})
 	if err != nil {
 		return err
@@ -67,9 +92,9 @@ func (e *Engine) ensureUpperDir(p string) error {
 	return nil
 }
 
-// finishUpper gives a new upper entry (open as fd) the owner, mode, times
-// and meta it must have.
-func (e *Engine) finishUpper(fd int, st *syscall.Stat_t, m *meta) error {
+// finishUpper gives a new upper entry (open as fd, to be at p) the owner,
+// mode, times and meta it must have.
+func (e *Engine) finishUpper(fd int, p string, st *syscall.Stat_t, m *meta) error {
 	if err := unix.Fchown(fd, int(st.Uid), int(st.Gid)); err != nil && err != unix.EPERM {
 		return err
 	}
@@ -77,6 +102,7 @@ func (e *Engine) finishUpper(fd int, st *syscall.Stat_t, m *meta) error {
 	if err := unix.Fchmod(fd, st.Mode&0o7777); err != nil {
 		return err
 	}
+	e.placeMeta(m, p)
 	if err := unix.Fsetxattr(fd, metaXattr, m.encode(), 0); err != nil {
 		return err
 	}
@@ -174,7 +200,7 @@ func (e *Engine) copyUp(p string, l loc, why copyFor, c Caller) (*meta, error) {
 	if m.Kind != KindFile {
 		fst.Mode = syscall.S_IFREG | 0o644
 	}
-	if err := e.finishUpper(dst, &fst, m); err != nil {
+	if err := e.finishUpper(dst, p, &fst, m); err != nil {
 		return nil, err
 	}
 	if err := e.upper.withParent(p, func(dirfd int, _ string) error {

@@ -99,16 +99,19 @@ type Options struct {
 
 // Engine is the merged view of a workspace and its pending set.
 type Engine struct {
-	base     layer
-	upper    layer
-	workFd   int
-	rootDev  uint64
-	opts     Options
-	journal  Journal
-	onChange func()
-	logf     func(string, ...any)
-	stopSync chan struct{} // stops the --journal-sync ticker
-	syncDone chan struct{}
+	base    layer
+	upper   layer
+	workFd  int
+	rootDev uint64
+	// upperRootIno is the upper tree's root directory's inode number
+	// (see meta.Dir).
+	upperRootIno uint64
+	opts         Options
+	journal      Journal
+	onChange     func()
+	logf         func(string, ...any)
+	stopSync     chan struct{} // stops the --journal-sync ticker
+	syncDone     chan struct{}
 
 	// textMu orders ReadFile after or before a whole PatchFile: a patch
 	// rewrites the file in place, and a read between its truncate and its
@@ -155,7 +158,18 @@ type Engine struct {
 	redoSeq   int         // (turnMu)
 	redoValid atomic.Bool // cleared by the first tool mutation after a rollback
 	turns     turnState   // turns' bookkeeping in memory (turns.go)
+
+	// die, set only by tests, is asked at the points where a crash
+	// leaves an operation half done on disk; true stops the operation
+	// there, as if the process had died (errDied).
+	die func(point string) bool
 }
+
+// errDied is what an operation returns when a test stopped it where a
+// crash could (Engine.die).
+var errDied = errors.New("overlay: stopped by a test where a crash could stop it")
+
+func (e *Engine) died(point string) bool { return e.die != nil && e.die(point) }
 
 // ScratchFile returns an unnamed file on the upper tree's file system, for
 // the FUSE layer to try passthrough with. The caller closes it.
@@ -220,6 +234,11 @@ func New(opts Options) (*Engine, error) {
 		e.Close()
 		return nil, err
 	}
+	if err := unix.Fstat(e.upper.fd, &st); err != nil {
+		e.Close()
+		return nil, err
+	}
+	e.upperRootIno = st.Ino
 	if err := e.cleanWork(); err != nil {
 		e.Close()
 		return nil, err
@@ -388,7 +407,7 @@ func (e *Engine) loadIndex(dir string) error {
 		if err != nil {
 			return err
 		}
-		m, err := e.readMeta(p, st)
+		m, err := e.readMeta(p, st, e.upperDirIno(dir))
 		if err != nil {
 			return fmt.Errorf("%s: %w", p, err)
 		}
@@ -402,10 +421,11 @@ func (e *Engine) loadIndex(dir string) error {
 	return nil
 }
 
-// readMeta reads an upper entry's meta. An entry without one was created
-// just before a crash, before its meta was written: a directory is taken as
-// a container, a file as a new file whose baseline is the base's now.
-func (e *Engine) readMeta(p string, st *syscall.Stat_t) (*meta, error) {
+// readMeta reads the meta of the upper entry p, in the upper directory
+// whose inode number is dirIno. An entry without one was created just
+// before a crash, before its meta was written: a directory is taken as a
+// container, a file as a new file whose baseline is the base's now.
+func (e *Engine) readMeta(p string, st *syscall.Stat_t, dirIno uint64) (*meta, error) {
 	buf := make([]byte, 4096)
 	n, err := e.upper.getxattr(p, metaXattr, buf)
 	if err == nil {
@@ -414,8 +434,15 @@ func (e *Engine) readMeta(p string, st *syscall.Stat_t) (*meta, error) {
 			return nil, err
 		}
 		m.uino = st.Ino
-		if m.Kind != KindDir && st.Nlink > 1 {
+		_, name := splitPath(p)
+		// Metas written before they named their place (Name "") are
+		// taken as in place, and a directory number 0 as unknown.
+		misplaced := m.Name != "" && (m.Name != name || (m.Dir != 0 && m.Dir != dirIno))
+		switch {
+		case m.Kind != KindDir && st.Nlink > 1 && (misplaced || m.Name == ""):
 			e.relinkBaseline(p, &m)
+		case misplaced:
+			e.rebaseMisplaced(p, &m)
 		}
 		return &m, nil
 	}
@@ -437,6 +464,27 @@ func (e *Engine) readMeta(p string, st *syscall.Stat_t) (*meta, error) {
 	}
 	e.logf("overlay: %s had no meta (interrupted operation); taken as %s", p, m.Kind)
 	return m, nil
+}
+
+// rebaseMisplaced fixes the meta of an entry that a crash caught in the
+// middle of a rename, after rename wrote the meta for the destination and
+// before it moved the entry there: the rename did not happen, and the
+// baseline (what the workspace had at the destination) is not this
+// place's. What the workspace has here now is the best knowledge left;
+// it is wrong only if the workspace changed here from outside since the
+// entry was staged.
+func (e *Engine) rebaseMisplaced(p string, m *meta) {
+	m.Base = Baseline{}
+	if bst, err := e.base.lstat(p); err == nil {
+		m.Base = baselineOf(bst)
+	}
+	if m.Kind == KindDir && m.Redirect == p {
+		m.Redirect = "" // where the base has it: not a rename
+	}
+	e.logf("overlay: %s: a rename from here was interrupted; its baseline is the workspace's now (%s)", p, m.Base)
+	if err := e.writeMeta(p, m); err != nil {
+		e.logf("overlay: %s: %v", p, err)
+	}
 }
 
 // relinkBaseline fixes the baseline of one name of a hard-linked upper

@@ -108,6 +108,17 @@ type meta struct {
 	// it for writing, truncated, moved or linked it since. Status reports
 	// it as a metadata change, not a write.
 	AttrOnly bool `json:"ao,omitempty"`
+	// Dir and Name are the place the meta was written for: the inode
+	// number of the upper directory and the entry's name in it. The meta
+	// lives on the entry's inode, which a rename moves, so rename writes
+	// the meta for the new place before it moves the entry; an entry
+	// found at start-up where its meta does not say it is was caught
+	// between the two by a crash (or is another name of a hard link), and
+	// its baseline, written for the other place, is not its own. A
+	// directory's inode number survives its renames, so the entries in
+	// it keep matching.
+	Dir  uint64 `json:"pd,omitempty"`
+	Name string `json:"nm,omitempty"`
 
 	uino uint64 // the upper entry's own inode number (not persisted)
 	// unsaved: Pid and Comm changed after the meta was last written. A

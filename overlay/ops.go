@@ -276,7 +276,7 @@ func (e *Engine) placeNew(p string, l loc, m *meta, build func(dirfd int, name s
 		if err != nil {
 			return -1, err
 		}
-		if err := e.finishNew(fd, m); err != nil {
+		if err := e.finishNew(fd, p, m); err != nil {
 			unix.Close(fd)
 			e.upper.withParent(p, func(dirfd int, name string) error { return removeAt(dirfd, name) })
 			return -1, err
@@ -289,7 +289,7 @@ func (e *Engine) placeNew(p string, l loc, m *meta, build func(dirfd int, name s
 	if err != nil {
 		return -1, err
 	}
-	if err := e.finishNew(fd, m); err != nil {
+	if err := e.finishNew(fd, p, m); err != nil {
 		unix.Close(fd)
 		removeAt(e.workFd, tmp)
 		return -1, err
@@ -330,7 +330,9 @@ func (e *Engine) placeNew(p string, l loc, m *meta, build func(dirfd int, name s
 	return fd, nil
 }
 
-func (e *Engine) finishNew(fd int, m *meta) error {
+// finishNew writes the meta of a new upper entry, open as fd, to be at p.
+func (e *Engine) finishNew(fd int, p string, m *meta) error {
+	e.placeMeta(m, p)
 	if err := unix.Fsetxattr(fd, metaXattr, m.encode(), 0); err != nil {
 		return err
 	}
@@ -871,7 +873,7 @@ func (e *Engine) whiteoutAt(p string, b Baseline, c Caller) error {
 	if err != nil {
 		return err
 	}
-	err = e.finishNew(fd, m)
+	err = e.finishNew(fd, p, m)
 	unix.Close(fd)
 	if err == nil {
 		err = e.upper.withParent(p, func(dirfd int, name string) error {
@@ -1166,8 +1168,11 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 			nm.Redirect = ""
 		}
 	}
-	if err := e.writeMeta(oldp, &nm); err != nil {
+	if err := e.writeMetaFor(oldp, newp, &nm); err != nil {
 		return err
+	}
+	if e.died("rename") {
+		return errDied
 	}
 	err = e.upper.withParent(oldp, func(odir int, oname string) error {
 		return e.upper.withParent(newp, func(ndir int, nname string) error {

@@ -1,0 +1,123 @@
+package overlay
+
+import (
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// A crash between the two steps of a rename (the meta written for the
+// destination, then the entry moved) used to leave the entry where it was
+// with the destination's baseline: its commit then reported a conflict
+// with a workspace nobody had changed (found by the crash battery: a
+// writer's save.tmp, caught before its rename over save.txt).
+
+// crashEngine opens an engine over ws and state that stops, as if killed,
+// at the crash point named die.
+func crashEngine(t *testing.T, ws, state, die string) *Engine {
+	t.Helper()
+	e, err := New(Options{Workspace: ws, StateDir: state, Mode: Staged})
+	require.NoError(t, err)
+	e.die = func(point string) bool { return point == die }
+	return e
+}
+
+// restartAfterCrash opens a new engine on the same state dir. The crashed
+// one is left as it is (a killed daemon flushes nothing), and only its
+// descriptors are closed.
+func restartAfterCrash(t *testing.T, crashed *Engine) *Engine {
+	t.Helper()
+	unix.Close(crashed.base.fd)
+	unix.Close(crashed.upper.fd)
+	unix.Close(crashed.workFd)
+	e, err := New(crashed.opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+func writeNew(t *testing.T, e *Engine, p, content string) {
+	t.Helper()
+	f, _, err := e.Create(p, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC, 0o644, Caller{})
+	require.NoError(t, err)
+	_, err = unix.Write(f.Fd, []byte(content))
+	require.NoError(t, err)
+	e.Release(p, f, Caller{})
+}
+
+func readView(t *testing.T, e *Engine, p string) string {
+	t.Helper()
+	f, err := e.Open(p, unix.O_RDONLY, Caller{})
+	require.NoError(t, err, "open %s", p)
+	defer e.Release(p, f, Caller{})
+	buf := make([]byte, 4096)
+	n, err := unix.Pread(f.Fd, buf, 0)
+	require.NoError(t, err)
+	return string(buf[:n])
+}
+
+func TestCrashInRenameOverWorkspaceFile(t *testing.T) {
+	for _, tc := range []struct{ name, src, dst string }{
+		{"same dir", "w/save.tmp", "w/save.txt"},
+		{"same name, other dir", "a/x", "w/x"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws, state := t.TempDir(), t.TempDir()
+			require.NoError(t, os.MkdirAll(filepath.Join(ws, "w"), 0o755))
+			require.NoError(t, os.MkdirAll(filepath.Join(ws, "a"), 0o755))
+			require.NoError(t, os.WriteFile(filepath.Join(ws, tc.dst), []byte("old\n"), 0o644))
+
+			e := crashEngine(t, ws, state, "rename")
+			writeNew(t, e, tc.src, "new\n")
+			require.ErrorIs(t, e.Rename(tc.src, tc.dst, 0, Caller{}), errDied)
+
+			e = restartAfterCrash(t, e)
+			require.Equal(t, "new\n", readView(t, e, tc.src), "the rename did not happen")
+			require.Equal(t, "old\n", readView(t, e, tc.dst))
+			res := e.Commit(nil, false, Caller{})
+			require.Empty(t, res.Conflicts, "nobody changed the workspace")
+			require.Empty(t, res.Failed)
+			require.Equal(t, []string{tc.src}, res.Committed)
+			b, err := os.ReadFile(filepath.Join(ws, tc.src))
+			require.NoError(t, err)
+			require.Equal(t, "new\n", string(b))
+			b, err = os.ReadFile(filepath.Join(ws, tc.dst))
+			require.NoError(t, err)
+			require.Equal(t, "old\n", string(b))
+		})
+	}
+}
+
+func TestCrashInRenameOfWorkspaceDir(t *testing.T) {
+	ws, state := t.TempDir(), t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(ws, "d"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(ws, "d", "f"), []byte("f\n"), 0o644))
+
+	e := crashEngine(t, ws, state, "rename")
+	require.ErrorIs(t, e.Rename("d", "e", 0, Caller{}), errDied)
+
+	e = restartAfterCrash(t, e)
+	require.Equal(t, "f\n", readView(t, e, "d/f"))
+	_, err := e.Stat("e")
+	require.ErrorIs(t, err, syscall.ENOENT)
+	res := e.Commit(nil, false, Caller{})
+	require.Empty(t, res.Conflicts)
+	require.Empty(t, res.Failed)
+	_, err = os.Stat(filepath.Join(ws, "d", "f"))
+	require.NoError(t, err, "the workspace directory stays where it was")
+	_, err = os.Stat(filepath.Join(ws, "e"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+
+	// The directory still renames, and commits, as usual afterwards.
+	require.NoError(t, e.Rename("d", "e", 0, Caller{}))
+	res = e.Commit(nil, false, Caller{})
+	require.Empty(t, res.Conflicts)
+	require.Empty(t, res.Failed)
+	b, err := os.ReadFile(filepath.Join(ws, "e", "f"))
+	require.NoError(t, err)
+	require.Equal(t, "f\n", string(b))
+}
