@@ -121,3 +121,38 @@ func TestCrashInRenameOfWorkspaceDir(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "f\n", string(b))
 }
+
+// Under a renamed directory the view's path is not the workspace's: the
+// rebase must look where the base has the entry (a/f for b/f after mv a b).
+func TestCrashInRenameUnderRenamedDir(t *testing.T) {
+	ws, state := t.TempDir(), t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(ws, "a", "sub"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(ws, "a", "f"), []byte("f\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(ws, "a", "sub", "s"), []byte("s\n"), 0o644))
+
+	e := crashEngine(t, ws, state, "")
+	require.NoError(t, e.Rename("a", "b", 0, Caller{}))
+	f, err := e.Open("b/f", unix.O_WRONLY|unix.O_TRUNC, Caller{})
+	require.NoError(t, err)
+	_, err = unix.Write(f.Fd, []byte("edited\n"))
+	require.NoError(t, err)
+	e.Release("b/f", f, Caller{})
+	e.die = func(point string) bool { return point == "rename" }
+	require.ErrorIs(t, e.Rename("b/f", "b/g", 0, Caller{}), errDied)
+	require.ErrorIs(t, e.Rename("b/sub", "c", 0, Caller{}), errDied)
+
+	e = restartAfterCrash(t, e)
+	require.Equal(t, "edited\n", readView(t, e, "b/f"))
+	require.Equal(t, "s\n", readView(t, e, "b/sub/s"))
+	res := e.Commit(nil, false, Caller{})
+	require.Empty(t, res.Conflicts, "nobody changed the workspace")
+	require.Empty(t, res.Failed)
+	b, err := os.ReadFile(filepath.Join(ws, "b", "f"))
+	require.NoError(t, err)
+	require.Equal(t, "edited\n", string(b))
+	b, err = os.ReadFile(filepath.Join(ws, "b", "sub", "s"))
+	require.NoError(t, err)
+	require.Equal(t, "s\n", string(b))
+	_, err = os.Stat(filepath.Join(ws, "a"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+}

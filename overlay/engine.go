@@ -450,7 +450,7 @@ func (e *Engine) readMeta(p string, st *syscall.Stat_t, dirIno uint64) (*meta, e
 		return nil, err
 	}
 	m := &meta{uino: st.Ino, Time: time.Now().UnixNano()}
-	if bst, err := e.base.lstat(p); err == nil {
+	if bst, _ := e.loadBaseStat(p); bst != nil {
 		m.Base = baselineOf(bst)
 		m.Ino = e.baseIno(bst)
 	}
@@ -474,17 +474,29 @@ func (e *Engine) readMeta(p string, st *syscall.Stat_t, dirIno uint64) (*meta, e
 // it is wrong only if the workspace changed here from outside since the
 // entry was staged.
 func (e *Engine) rebaseMisplaced(p string, m *meta) {
+	bst, basePath := e.loadBaseStat(p)
 	m.Base = Baseline{}
-	if bst, err := e.base.lstat(p); err == nil {
+	if bst != nil {
 		m.Base = baselineOf(bst)
 	}
-	if m.Kind == KindDir && m.Redirect == p {
+	if m.Kind == KindDir && m.Redirect != "" && m.Redirect == basePath {
 		m.Redirect = "" // where the base has it: not a rename
 	}
 	e.logf("overlay: %s: a rename from here was interrupted; its baseline is the workspace's now (%s)", p, m.Base)
 	if err := e.writeMeta(p, m); err != nil {
 		e.logf("overlay: %s: %v", p, err)
 	}
+}
+
+// loadBaseStat returns, while the index loads, what the base has behind
+// the view's path p and that path in the base: under a renamed directory
+// it is not p. p's ancestors are loaded already (loadIndex goes top down).
+func (e *Engine) loadBaseStat(p string) (*syscall.Stat_t, string) {
+	l, err := e.locate(p)
+	if err != nil {
+		return nil, ""
+	}
+	return e.baseStat(l), l.basePath
 }
 
 // relinkBaseline fixes the baseline of one name of a hard-linked upper
@@ -494,10 +506,7 @@ func (e *Engine) rebaseMisplaced(p string, m *meta) {
 // entry without meta). The parent directories are loaded already, so
 // locate finds the name's base path.
 func (e *Engine) relinkBaseline(p string, m *meta) {
-	var bst *syscall.Stat_t
-	if l, err := e.locate(p); err == nil {
-		bst = e.baseStat(l)
-	}
+	bst, _ := e.loadBaseStat(p)
 	if m.Base.Exists && bst != nil && bst.Ino == m.Base.Ino {
 		return
 	}
