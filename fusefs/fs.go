@@ -91,7 +91,7 @@ func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
 		// The kernel checks permissions itself (other uids, sticky dirs).
 		Options: []string{"default_permissions"},
 	}
-	server, err := fs.Mount(mountpoint, sys.root, &fs.Options{
+	raw := fs.NewNodeFS(sys.root, &fs.Options{
 		MountOptions:    mo,
 		EntryTimeout:    &timeout,
 		AttrTimeout:     &timeout,
@@ -100,6 +100,11 @@ func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
 		// Ownership comes from the engine; nothing is invented.
 		NullPermissions: true,
 	})
+	server, err := fuse.NewServer(newOpenlessDirs(raw), mountpoint, &mo)
+	if err == nil {
+		go server.Serve()
+		err = server.WaitMount()
+	}
 	if err != nil {
 		if sys.watch != nil {
 			sys.watch.file.Close()
@@ -504,27 +509,11 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 	return []byte(t), 0
 }
 
-// OpendirHandle lists the directory once per open. The kernel may keep
-// the listing (FOPEN_CACHE_DIR) of a directory the pending set does not
-// touch, and of one made through the mount that the watches cover (its
-// entries change only through the mount, by stagefs, or when the
-// workspace makes a directory at its path). The kernel drops the listing
-// when a process changes the directory through the mount, when stagefs
-// changes what it shows (Invalidate), when a watch reports an edit, and
-// when the directory's mtime moves. A workspace directory with pending
-// entries reports its upper copy's mtime, which edits in the workspace do
-// not move; an edit racing a READDIR could then leave an old listing
-// cached that nothing drops, so such a directory is listed afresh on
-// every open.
-//
-// The listing is made at the first READDIR, which the kernel skips when
-// it has the listing cached.
+// OpendirHandle opens a listing for openlessDirs, which the kernel never
+// sees: it caches every listing it reads (see dirs.go for what drops
+// them). The listing is made at the first READDIR.
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	var fuseFlags uint32
-	if p := n.path(); n.sys.watch.coversUpperOnly(p) || n.sys.eng.Untouched(p) {
-		fuseFlags = fuse.FOPEN_CACHE_DIR
-	}
-	return &dirHandle{n: n}, fuseFlags, 0
+	return &dirHandle{n: n}, 0, 0
 }
 
 // dirHandle is an open directory: its listing, made on first use.
@@ -543,11 +532,26 @@ func (d *dirHandle) load(ctx context.Context) syscall.Errno {
 	if d.list != nil {
 		return 0
 	}
+	sys := d.n.sys
+	events := sys.watch.eventCount()
 	list, errno := d.n.Readdir(ctx)
-	if errno == 0 {
-		d.list = list
+	if errno != 0 {
+		return errno
 	}
-	return errno
+	d.list = list
+	p := d.n.path()
+	switch {
+	case sys.watch.eventCount() != events:
+		// An event came while the listing was made: it may be older
+		// than the event's invalidation, which found nothing cached.
+		dropListingsAfter(relistAfterEvent, &d.n.Inode)
+	case !sys.watch.covers(p) && !sys.eng.Untouched(p):
+		// Nothing reports workspace edits here, and the mtime the
+		// kernel checks is the pending copy's: keep it as long as
+		// names here are kept.
+		dropListingsAfter(sys.timeout, &d.n.Inode)
+	}
+	return 0
 }
 
 func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {

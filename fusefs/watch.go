@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -45,6 +46,9 @@ type watcher struct {
 	file *os.File // the inotify instance; closing it ends run
 	fd   int
 	done chan struct{}
+
+	// events counts the batches of events applied (see dirHandle.load).
+	events atomic.Uint64
 
 	mu      sync.Mutex
 	byWd    map[int32]string // watch -> merged directory path
@@ -233,17 +237,6 @@ func (w *watcher) covers(p string) bool {
 	return ok
 }
 
-// coversUpperOnly reports whether p is a covered directory made through
-// the mount (or opaque): nothing in the workspace stands behind it.
-func (w *watcher) coversUpperOnly(p string) bool {
-	if w == nil {
-		return false
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.covered[p]
-}
-
 // timeoutIn is how long the kernel may cache names in the directory dir and
 // the attributes of its entries.
 func (sys *FS) timeoutIn(dir string) time.Duration {
@@ -343,12 +336,23 @@ func (w *watcher) parse(b []byte, inv *invalidation) {
 	}
 }
 
+// eventCount is the number of event batches applied so far (0 without a
+// watcher).
+func (w *watcher) eventCount() uint64 {
+	if w == nil {
+		return 0
+	}
+	return w.events.Load()
+}
+
 // apply tells the kernel to drop what a batch of events changed.
 func (w *watcher) apply(inv *invalidation) {
+	w.events.Add(1)
 	root := &w.sys.root.Inode
 	if inv.all {
 		dropAll(root)
 		w.add("") // the maps were emptied: watch the root again
+		time.AfterFunc(relistAfterEvent, func() { dropAll(root) })
 		return
 	}
 	listings := map[*fs.Inode]bool{}
@@ -364,9 +368,14 @@ func (w *watcher) apply(inv *invalidation) {
 			listings[parent] = true
 		}
 	}
+	later := make([]*fs.Inode, 0, len(listings))
 	for d := range listings {
 		d.NotifyContent(0, 0)
+		later = append(later, d)
 	}
+	// A READDIR answered before this batch may reach the kernel's cache
+	// after it (see openlessDirs).
+	dropListingsAfter(relistAfterEvent, later...)
 }
 
 // dropAll drops every cached name and attribute below n.

@@ -2,6 +2,7 @@ package test
 
 import (
 	"os"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
@@ -71,4 +72,57 @@ func TestDirListingCache(t *testing.T) {
 		t.Errorf("ls mixed = %v", got)
 	}
 	assertFile(t, m.in("mixed/a"), "staged\n")
+}
+
+// dirOpenRequest matches a received OPENDIR or RELEASEDIR in go-fuse's
+// debug log ("rx 52: OPENDIR n1 ...").
+var dirOpenRequest = regexp.MustCompile(`rx \d+: (OPENDIR|RELEASEDIR) `)
+
+// The daemon answers OPENDIR with ENOSYS, so the kernel stops sending
+// OPENDIR and RELEASEDIR and serves directory opens itself: a warm `ls -R`
+// or `git status` costs the daemon no round trip per directory. The
+// listings it caches still follow changes (TestDirListingCache and the
+// watch tests).
+func TestDirOpensNeverReachDaemon(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{
+		"a/1": "1\n", "a/b/2": "2\n", "c/3": "3\n",
+	}), withMountFlags("--debug"))
+	sh(t, m.mnt, "echo new > a/b/new && mkdir d && echo x > d/x")
+	for i := 0; i < 2; i++ {
+		out := mustRun(t, cmdSpec{dir: m.mnt}, "ls", "-R", ".")
+		for _, name := range []string{"new", "x", "3", "2"} {
+			if !strings.Contains(out, name) {
+				t.Fatalf("ls -R does not show %s:\n%s", name, out)
+			}
+		}
+	}
+	log := m.daemonLog()
+	if !strings.Contains(log, "READDIR") {
+		t.Fatalf("the debug log shows no READDIR; is --debug logging requests?\n%.2000s", log)
+	}
+	if n := len(dirOpenRequest.FindAllString(log, -1)); n > 1 {
+		// The first OPENDIR is answered ENOSYS; the kernel sends none after.
+		t.Errorf("the daemon got %d OPENDIR/RELEASEDIR requests; want at most the first OPENDIR", n)
+	}
+}
+
+// Under a directory renamed in the pending set nothing watches the
+// workspace's original: the kernel's cached listing there is dropped after
+// the cache timeout, so a file made in the workspace shows in `ls` within it.
+func TestDirListingUnderRenamedDirFollowsWorkspace(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"a/one.txt": "1\n"}))
+	sh(t, m.mnt, "mv a b && echo staged > b/staged.txt")
+	if got := lsNames(t, m.in("b")); !contains(got, "one.txt") || !contains(got, "staged.txt") {
+		t.Fatalf("ls b = %v", got)
+	}
+	writeTree(t, m.ws, map[string]string{"a/two.txt": "2\n"})
+	start := time.Now()
+	if !waitFor(5*time.Second, func() bool { return contains(lsNames(t, m.in("b")), "two.txt") }) {
+		t.Fatalf("ls b = %v 5s after a/two.txt was made in the workspace", lsNames(t, m.in("b")))
+	}
+	if took := time.Since(start); took > 2500*time.Millisecond {
+		t.Errorf("ls b showed the workspace's new file only after %v (cache timeout 1 s)", took)
+	}
 }
