@@ -261,13 +261,20 @@ func (e *Engine) prepareNew(p string, kind Kind, c Caller) (loc, *meta, error) {
 	return l, m, nil
 }
 
-// placeNew puts a new upper entry at p: created directly when nothing is
-// in the way (the common case: one create, no rename), or built in work/
-// and renamed over the whiteout or deleted directory it replaces.
+// placeNew puts a new upper entry at p. A regular file with nothing in the
+// way is created in place (the common case: one create, no rename): a crash
+// before its meta is written leaves a file without one, which start-up
+// takes for just what it is, a new file. Anything else is built in work/,
+// meta included, and renamed into place, because an entry caught without
+// its meta would load as something else: a symlink or special file (both
+// regular files in the upper tree) as a regular file, a directory as a
+// mere container that commit never makes. The rename also replaces a
+// whiteout in the way in one step (a deleted directory in the way is
+// removed first, see below).
 // build creates the entry at (dirfd, name) and returns an fd on it.
 func (e *Engine) placeNew(p string, l loc, m *meta, build func(dirfd int, name string) (int, error)) (int, error) {
 	var fd int
-	if l.m == nil {
+	if l.m == nil && m.Kind == KindFile {
 		err := e.upper.withParent(p, func(dirfd int, name string) error {
 			var err error
 			fd, err = build(dirfd, name)
@@ -294,7 +301,12 @@ func (e *Engine) placeNew(p string, l loc, m *meta, build func(dirfd int, name s
 		removeAt(e.workFd, tmp)
 		return -1, err
 	}
-	if l.m.Kind == KindDir {
+	if e.died("place-new") {
+		// work/ is emptied at start-up: the entry never existed.
+		unix.Close(fd)
+		return -1, errDied
+	}
+	if l.m != nil && l.m.Kind == KindDir {
 		// A deleted directory (holding whiteouts) is replaced by a file:
 		// the base directory's children must still go at commit, so the
 		// old upper directory is removed only when nothing in the base
@@ -308,7 +320,16 @@ func (e *Engine) placeNew(p string, l loc, m *meta, build func(dirfd int, name s
 		e.upper.withParent(p, func(dirfd int, name string) error { return removeAllAt(dirfd, name) })
 	}
 	err = e.upper.withParent(p, func(dirfd int, name string) error {
-		if m.Kind == KindDir && l.m.Kind != KindDir {
+		switch {
+		case l.m == nil && m.Kind == KindDir:
+			// Nothing is in the way (prepareNew checked, under the lock):
+			// NOREPLACE only guards that.
+			return renameAt(e.workFd, tmp, dirfd, name, unix.RENAME_NOREPLACE)
+		case l.m == nil:
+			// A symlink or special file is a regular file in the upper
+			// tree: no directory moves, the directory caches stay.
+			return renameFileAt(e.workFd, tmp, dirfd, name, unix.RENAME_NOREPLACE)
+		case m.Kind == KindDir && l.m.Kind != KindDir:
 			// rename(2) cannot put a directory over the whiteout file:
 			// swap the two (still atomic), then drop the whiteout, now
 			// in work/.
@@ -688,24 +709,39 @@ func (e *Engine) linkLocked(oldp, newp string, c Caller) (*syscall.Stat_t, error
 		}
 		*om = nm
 	}
-	if nl.m != nil {
-		// A whiteout is in the way: it goes, the link takes its place.
-		if nl.m.Kind == KindDir {
-			return nil, syscall.EEXIST
-		}
-		if err := e.upper.withParent(newp, func(dirfd int, name string) error { return unix.Unlinkat(dirfd, name, 0) }); err != nil {
-			return nil, err
-		}
-		e.dropEntry(newp)
+	if nl.m != nil && nl.m.Kind == KindDir {
+		return nil, syscall.EEXIST
 	}
 	err = e.upper.withParent(oldp, func(odir int, oname string) error {
-		return e.upper.withParent(newp, func(ndir int, nname string) error {
-			return unix.Linkat(odir, oname, ndir, nname, 0)
+		if nl.m == nil {
+			return e.upper.withParent(newp, func(ndir int, nname string) error {
+				return unix.Linkat(odir, oname, ndir, nname, 0)
+			})
+		}
+		// A whiteout is in the way. Unlinking it before the link exists
+		// would show the workspace's entry again in between, and for
+		// good after a crash there, undoing an acknowledged delete. So
+		// the link is made in work/ (the same file system) and renamed
+		// over the whiteout: one step.
+		tmp := e.tmpName()
+		if err := unix.Linkat(odir, oname, e.workFd, tmp, 0); err != nil {
+			return err
+		}
+		if e.died("link-over-whiteout") {
+			return errDied // work/ is emptied at start-up
+		}
+		err := e.upper.withParent(newp, func(ndir int, nname string) error {
+			return renameFileAt(e.workFd, tmp, ndir, nname, 0)
 		})
+		if err != nil {
+			unix.Unlinkat(e.workFd, tmp, 0)
+		}
+		return err
 	})
 	if err != nil {
 		return nil, err
 	}
+	// setEntry below replaces the whiteout's entry.
 	lm := *om
 	lm.Base = nm.Base
 	lm.Pid, lm.Comm = c.Pid, c.Comm
@@ -858,7 +894,9 @@ func removeAllAt(dirfd int, name string) error {
 
 // whiteoutAt replaces whatever the upper tree has at p with a whiteout
 // carrying baseline b (built in work/ and renamed into place, so p is never
-// missing from the upper tree in between).
+// missing from the upper tree in between: a crash there would show the
+// workspace's entry again). A directory at p is swapped with the whiteout
+// and removed from work/ afterwards; everything in it must be droppable.
 func (e *Engine) whiteoutAt(p string, b Baseline, c Caller) error {
 	dir, _ := splitPath(p)
 	if err := e.ensureUpperDir(dir); err != nil {
@@ -875,14 +913,31 @@ func (e *Engine) whiteoutAt(p string, b Baseline, c Caller) error {
 	}
 	err = e.finishNew(fd, p, m)
 	unix.Close(fd)
+	if err == nil && e.died("whiteout") {
+		return errDied // work/ is emptied at start-up
+	}
+	old := e.index[p]
+	swapDir := old != nil && old.Kind == KindDir
 	if err == nil {
 		err = e.upper.withParent(p, func(dirfd int, name string) error {
+			if swapDir {
+				// rename(2) cannot put a file over a directory.
+				return renameAt(e.workFd, tmp, dirfd, name, unix.RENAME_EXCHANGE)
+			}
 			return renameAt(e.workFd, tmp, dirfd, name, 0)
 		})
 	}
 	if err != nil {
 		removeAt(e.workFd, tmp)
 		return err
+	}
+	if swapDir {
+		if e.died("whiteout-swapped") {
+			return errDied
+		}
+		// tmp is the directory now. Should this fail, start-up empties
+		// work/.
+		removeAllAt(e.workFd, tmp)
 	}
 	e.dropEntry(p)
 	e.setEntry(p, m)
@@ -1004,14 +1059,17 @@ func (e *Engine) rmdirLocked(p string, c Caller) error {
 	if l.m == nil || !e.hasWhiteoutsBelow(p) {
 		// Nothing below needs to survive: a whiteout (or nothing) will do.
 		if l.m != nil {
+			if e.baseStat(l) != nil || l.m.Base.Exists {
+				// The whiteout takes the directory's place in one step
+				// (whiteoutAt): removing the directory first would
+				// show the workspace's entry again until the whiteout
+				// is in place, and for good after a crash there.
+				return e.whiteoutAt(p, l.m.Base, c)
+			}
 			if err := e.upper.withParent(p, func(dirfd int, name string) error { return removeAllAt(dirfd, name) }); err != nil {
 				return err
 			}
-			base := l.m.Base
 			e.dropEntry(p)
-			if e.baseStat(l) != nil || base.Exists {
-				return e.whiteoutAt(p, base, c)
-			}
 			e.pruneContainers(p)
 			return nil
 		}
@@ -1138,9 +1196,15 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 	if err := e.ensureUpperDir(ndir); err != nil {
 		return err
 	}
-	// Clear the upper entry in the way at newp (an empty directory's
-	// whiteouts, a whiteout, or a file that rename would replace anyway).
-	if nl.m != nil && nl.m.Kind == KindDir {
+	// An upper directory in the way at newp is empty on disk: the view
+	// shows nothing in it, and it holds no whiteouts or renamed entries
+	// (EXDEV above). rename(2) of a directory replaces it in one step, as
+	// it does a whiteout or a file; removing it first would, until the
+	// move, show again what the workspace has at newp, or lose a new
+	// directory, and for good after a crash there. A non-directory cannot
+	// replace a directory, so for one (the directory is a deleted one, not
+	// shown) it is still removed first.
+	if nl.m != nil && nl.m.Kind == KindDir && om.Kind != KindDir {
 		if err := e.upper.withParent(newp, func(dirfd int, name string) error { return removeAllAt(dirfd, name) }); err != nil {
 			return err
 		}
