@@ -29,6 +29,15 @@ func renameFileAt(olddir int, oldname string, newdir int, newname string, flags 
 	return unix.Renameat2(olddir, oldname, newdir, newname, flags)
 }
 
+// placeDirAt is renameat2(2) for a directory just built in work/ (which
+// no cache holds) moving to an upper name that holds no directory: nothing
+// there (RENAME_NOREPLACE) or a whiteout file (RENAME_EXCHANGE). No cached
+// path names another directory afterwards, so the caches stay: a mkdir
+// must not cost every directory's next operation a walk from the root.
+func placeDirAt(workdir int, tmp string, newdir int, newname string, flags uint) error {
+	return unix.Renameat2(workdir, tmp, newdir, newname, flags)
+}
+
 // rmdirAt removes an empty directory and tells the directory caches.
 func rmdirAt(dirfd int, name string) error {
 	err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)

@@ -324,7 +324,7 @@ func (e *Engine) placeNew(p string, l loc, m *meta, build func(dirfd int, name s
 		case l.m == nil && m.Kind == KindDir:
 			// Nothing is in the way (prepareNew checked, under the lock):
 			// NOREPLACE only guards that.
-			return renameAt(e.workFd, tmp, dirfd, name, unix.RENAME_NOREPLACE)
+			return placeDirAt(e.workFd, tmp, dirfd, name, unix.RENAME_NOREPLACE)
 		case l.m == nil:
 			// A symlink or special file is a regular file in the upper
 			// tree: no directory moves, the directory caches stay.
@@ -333,7 +333,7 @@ func (e *Engine) placeNew(p string, l loc, m *meta, build func(dirfd int, name s
 			// rename(2) cannot put a directory over the whiteout file:
 			// swap the two (still atomic), then drop the whiteout, now
 			// in work/.
-			if err := renameAt(e.workFd, tmp, dirfd, name, unix.RENAME_EXCHANGE); err != nil {
+			if err := placeDirAt(e.workFd, tmp, dirfd, name, unix.RENAME_EXCHANGE); err != nil {
 				return err
 			}
 			unix.Unlinkat(e.workFd, tmp, 0)
