@@ -659,6 +659,10 @@ func (e *Engine) restoreFiltered(scope string, keep func(string) bool) (RestoreR
 	if err != nil {
 		return RestoreResult{}, err
 	}
+	snapID := scope
+	if info, ok := e.snaps.Lookup(scope); ok {
+		snapID = info.ID
+	}
 	var res RestoreResult
 	seen := map[string]bool{}
 	for i := len(ents) - 1; i >= 0; i-- {
@@ -666,7 +670,12 @@ func (e *Engine) restoreFiltered(scope string, keep func(string) bool) (RestoreR
 		if !keep(ent.Path) {
 			continue
 		}
-		if err := e.restoreEntry(ent); err != nil {
+		if err := e.restoreEntry(ent, snapID); err != nil {
+			if errors.Is(err, errDied) {
+				// A test stopped the daemon here: a killed daemon
+				// restores nothing more.
+				return res, err
+			}
 			res.Failed = append(res.Failed, Failure{Path: ent.Path, Reason: err.Error()})
 			continue
 		}
@@ -698,24 +707,15 @@ func (e *Engine) restoreFiltered(scope string, keep func(string) bool) (RestoreR
 
 var daemon = Caller{}
 
-func (e *Engine) restoreEntry(ent snapshot.Entry) error {
+// restoreEntry puts ent back; snapID is the id of the snapshot it is
+// from.
+func (e *Engine) restoreEntry(ent snapshot.Entry, snapID string) error {
 	st, statErr := e.Stat(ent.Path)
 	exists := statErr == nil
 	isDir := exists && st.Mode&syscall.S_IFMT == syscall.S_IFDIR
 	switch ent.Kind {
 	case snapshot.KindMoved:
-		if _, err := e.Stat(ent.From); err == nil || !exists {
-			return nil // moved back already, or gone
-		}
-		err := e.Rename(ent.Path, ent.From, unix.RENAME_NOREPLACE, daemon)
-		if errors.Is(err, syscall.EXDEV) {
-			// The old name still holds staged deletions that a rename
-			// would drop: move by copying, as mv does.
-			if err = e.copyTree(ent.Path, ent.From); err == nil {
-				err = e.removeTree(ent.Path)
-			}
-		}
-		return err
+		return e.moveBack(ent, exists, snapID)
 	case snapshot.KindAbsent:
 		if !exists {
 			return nil
@@ -776,6 +776,99 @@ func (e *Engine) restoreEntry(ent snapshot.Entry) error {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// moveBack moves the directory ent.Path back to ent.From (exists: whether
+// ent.Path is in the view). When a rename cannot do it (EXDEV: ent.From
+// still holds staged deletions that a rename would drop) it copies the
+// tree and removes the original, as mv does. That takes many steps, and
+// "ent.From exists" cannot tell a finished copy from one a crash cut
+// short: a restore tried again took a partial copy for the move done,
+// and left the original tree where it was. So a state file, named by the
+// snapshot and the move, says which half is under way: "copy" (what
+// ent.From holds may be part of a copy: start the copy over) or "remove"
+// (the copy is whole: finish removing the original).
+func (e *Engine) moveBack(ent snapshot.Entry, exists bool, snapID string) error {
+	state := e.moveStateFile(snapID, ent)
+	b, err := os.ReadFile(state)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	switch string(b) {
+	case moveCopying:
+		if err := e.removeTree(ent.From); err != nil {
+			return err
+		}
+		if !exists {
+			// The original went meanwhile: nothing to copy.
+			return os.Remove(state)
+		}
+		return e.copyBack(ent, state)
+	case moveRemoving:
+		return e.removeMoved(ent, state)
+	}
+	if _, err := e.Stat(ent.From); err == nil || !exists {
+		return nil // moved back already, or gone
+	}
+	err = e.Rename(ent.Path, ent.From, unix.RENAME_NOREPLACE, daemon)
+	if errors.Is(err, syscall.EXDEV) {
+		return e.copyBack(ent, state)
+	}
+	return err
+}
+
+// The halves of a move back by copying (see moveBack).
+const (
+	moveCopying  = "copy"
+	moveRemoving = "remove"
+)
+
+// copyBack copies the tree ent.Path to ent.From and removes the original,
+// noting in state which half is under way.
+func (e *Engine) copyBack(ent snapshot.Entry, state string) error {
+	if err := writeMoveState(state, moveCopying); err != nil {
+		return err
+	}
+	if err := e.copyTree(ent.Path, ent.From); err != nil {
+		return err
+	}
+	if err := writeMoveState(state, moveRemoving); err != nil {
+		return err
+	}
+	return e.removeMoved(ent, state)
+}
+
+// removeMoved removes the original of a tree copied back, then the state
+// file: the move back is done.
+func (e *Engine) removeMoved(ent snapshot.Entry, state string) error {
+	if err := e.removeTree(ent.Path); err != nil {
+		return err
+	}
+	if err := os.Remove(state); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// moveStateFile names the state file of the move back of ent in the
+// snapshot snapID: a snapshot id is never used again, so an old file left
+// by a restore nobody tried again never applies to another one.
+func (e *Engine) moveStateFile(snapID string, ent snapshot.Entry) string {
+	sum := sha256.Sum256([]byte(snapID + "\x00" + ent.From + "\x00" + ent.Path))
+	return filepath.Join(e.opts.StateDir, "moves", hex.EncodeToString(sum[:16]))
+}
+
+// writeMoveState replaces the state file with phase. It is written whole
+// and renamed into place, so a crash leaves the old phase or the new.
+func writeMoveState(state, phase string) error {
+	if err := os.MkdirAll(filepath.Dir(state), 0o700); err != nil {
+		return err
+	}
+	tmp := state + ".tmp"
+	if err := os.WriteFile(tmp, []byte(phase), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, state)
+}
 
 // undelete brings back a workspace directory that the pending set deletes,
 // as it was just before its rmdir: the whiteouts of the children deleted
@@ -844,7 +937,10 @@ func parentOf(p string) string {
 }
 
 // restoreFile writes a stored body back to ent.Path with its mode, owner
-// and mtime.
+// and mtime. The body takes the path's place whole, with the mode and
+// owner that sameState compares (replaceLocked): a crash leaves the path
+// either restored or as it was, which a restore tried again then restores
+// instead of keeping it as a later change.
 func (e *Engine) restoreFile(ent snapshot.Entry) error {
 	body, err := e.snaps.OpenBody(ent.Hash)
 	if err != nil {
@@ -854,20 +950,48 @@ func (e *Engine) restoreFile(ent snapshot.Entry) error {
 	if err := e.mkdirAll(parentOf(ent.Path)); err != nil {
 		return err
 	}
-	f, _, err := e.Create(ent.Path, unix.O_WRONLY|unix.O_TRUNC, ent.Mode&0o7777, daemon)
+	want := &ownerMode{mode: ent.Mode & 0o7777, uid: ent.Uid, gid: ent.Gid}
+	fill := func(fd int) error {
+		_, err := copyBuffer(fdio.Writer(fd), body)
+		return err
+	}
+	var created bool
+	err = e.locked(func() (err error) {
+		created, err = e.replaceLocked(ent.Path, daemon, want, fill)
+		return err
+	})
+	if err == errInPlace {
+		err = e.restoreBodyInPlace(ent, body)
+	} else if err == nil {
+		err = e.recordReplaced(daemon, ent.Path, created, ent.Size)
+	}
 	if err != nil {
 		return err
 	}
-	_, err = copyBuffer(fdio.Writer(f.Fd), body)
-	e.Release(ent.Path, f, daemon)
-	if err != nil {
-		return err
-	}
+	// Also after a whole replacement, which set the mode and owner
+	// already: the mtime and the xattrs are set here in every case.
 	if err := e.restoreXattrs(ent.Path, ent.Xattrs); err != nil {
 		return err
 	}
 	mt := unix.NsecToTimespec(ent.Mtime)
 	_, err = e.Setattr(ent.Path, -1, SetAttr{Mode: ptr(ent.Mode & 0o7777), Uid: ptr(ent.Uid), Gid: ptr(ent.Gid), Mtime: &mt}, daemon)
+	return err
+}
+
+// restoreBodyInPlace is restoreFile's write of a body replaceLocked leaves
+// in place (immediate mode, hard links, a file open for writing): a crash
+// between the truncate and the end of the write leaves it empty or
+// partial.
+func (e *Engine) restoreBodyInPlace(ent snapshot.Entry, body io.Reader) error {
+	f, _, err := e.Create(ent.Path, unix.O_WRONLY|unix.O_TRUNC, ent.Mode&0o7777, daemon)
+	if err != nil {
+		return err
+	}
+	if e.died("replace-body") {
+		return errDied
+	}
+	_, err = copyBuffer(fdio.Writer(f.Fd), body)
+	e.Release(ent.Path, f, daemon)
 	return err
 }
 
@@ -1114,8 +1238,13 @@ func (e *Engine) copyTree(from, to string) error {
 			return err
 		}
 		mt := unix.Timespec(st.Mtim)
-		_, err = e.Setattr(to, -1, SetAttr{Mtime: &mt}, daemon)
-		return err
+		if _, err = e.Setattr(to, -1, SetAttr{Mtime: &mt}, daemon); err != nil {
+			return err
+		}
+		if e.died("copy-tree") {
+			return errDied
+		}
+		return nil
 	}
 	return nil // special files are not copied
 }
