@@ -37,6 +37,21 @@ type Failure struct {
 	Reason string
 }
 
+// killedAt is what a commit or a discard panics with when a test stops it
+// where a crash could (Engine.die, asked through killPoint). A panic ends
+// the whole operation at once, as a SIGKILL would: no later step runs, and
+// the deferred calls on the way out only unlock the engine and close
+// descriptors, so the disk is left as a kill leaves it.
+type killedAt string
+
+// killPoint stops the running commit or discard here when a test asks for
+// a crash at point.
+func (e *Engine) killPoint(point string) {
+	if e.died(point) {
+		panic(killedAt(point))
+	}
+}
+
 // errConflict marks a baseline mismatch inside the commit steps.
 type conflictError struct{ expected, actual string }
 
@@ -51,6 +66,12 @@ func (c *conflictError) Error() string {
 // fsynced, and renamed into place; directories are fsynced once at the end.
 // A commit interrupted by a crash is finished by Recover.
 func (e *Engine) Commit(paths []string, force bool, c Caller) CommitResult {
+	return e.commit(paths, force, c, false)
+}
+
+// commit is Commit; recovering is set when Recover finishes a commit that a
+// crash interrupted, whose steps may be partly applied already.
+func (e *Engine) commit(paths []string, force bool, c Caller, recovering bool) CommitResult {
 	e.awaitReleases()
 	// The lock is held from the selection to the end, the intent record's
 	// fdatasync included: a change made in between would apply to a
@@ -66,7 +87,7 @@ func (e *Engine) Commit(paths []string, force bool, c Caller) CommitResult {
 		if err := e.record(Record{Op: "commit_begin", Pid: c.Pid, Detail: string(intent)}); err != nil {
 			return err
 		}
-		res = e.commitLocked(sel, force)
+		res = e.commitLocked(sel, force, recovering)
 		return nil
 	})
 	if err != nil {
@@ -101,10 +122,20 @@ type commitRun struct {
 	movedAway map[string]bool         // workspace paths a directory rename of this commit emptied
 	pending   []preparedFile          // files written under temporary names
 	prepared  map[uint64]preparedFile // upper inode -> its first prepared name (hard links)
+
+	// recovering: Recover is finishing a commit a crash interrupted. A
+	// few states that only this commit's own steps leave half way are
+	// then accepted instead of reported as conflicts.
+	recovering bool
 }
 
-func (e *Engine) commitLocked(sel []string, force bool) CommitResult {
-	r := &commitRun{e: e, force: force, syncDir: map[string]bool{}, linked: map[uint64]string{}, failed: map[string]bool{}, prepared: map[uint64]preparedFile{}, movedAway: map[string]bool{}}
+func (e *Engine) commitLocked(sel []string, force, recovering bool) CommitResult {
+	r := &commitRun{e: e, force: force, recovering: recovering, syncDir: map[string]bool{}, linked: map[uint64]string{}, failed: map[string]bool{}, prepared: map[uint64]preparedFile{}, movedAway: map[string]bool{}}
+	if recovering {
+		if err := r.resumeMovesAside(); err != nil {
+			e.logf("commit: find the directories moved aside before the crash: %v", err)
+		}
+	}
 	// 1. Directory renames, shallowest destination first.
 	var redirects, movedDeleted []string
 	for _, p := range sel {
@@ -218,6 +249,7 @@ func (e *Engine) commitLocked(sel []string, force bool) CommitResult {
 			inos = append(inos, [2]uint64{st.Ino, m.shownIno()})
 		}
 	}
+	e.killPoint("commit-applied")
 	if err := e.inos.add(inos); err != nil {
 		e.logf("inode map: %v", err)
 	}
@@ -268,11 +300,24 @@ func (r *commitRun) applyRedirectStep(p string, inSel map[string]bool) {
 	}
 }
 
+// moveAsidePrefix starts the temporary name moveAside gives a workspace
+// directory: moveAsidePrefix + its own name, next to it.
+const moveAsidePrefix = ".stagefs-move-"
+
+// moveAsideName returns the temporary name of the workspace directory src.
+// It is derived from src alone, and src from it, so that Recover finds a
+// directory that a crash caught after its move and before the pending
+// renames were pointed at it, and knows which path it left empty.
+func moveAsideName(src string) string {
+	dir, name := splitPath(src)
+	return joinPath(dir, moveAsidePrefix+name)
+}
+
 // moveAside renames the workspace directory src to a temporary name next
 // to it and points the pending renames from inside it there.
 func (r *commitRun) moveAside(src string) error {
 	e := r.e
-	tmp := joinPath(parentOf(src), ".stagefs-move-"+e.tmpName())
+	tmp := moveAsideName(src)
 	err := e.base.withParent(src, func(sdir int, sname string) error {
 		return e.base.withParent(tmp, func(tdir int, tname string) error {
 			return renameAt(sdir, sname, tdir, tname, unix.RENAME_NOREPLACE)
@@ -283,7 +328,65 @@ func (r *commitRun) moveAside(src string) error {
 	}
 	r.movedAway[src] = true
 	r.syncDir[parentOf(src)] = true
-	return r.rewriteSources(src, tmp, nil)
+	e.killPoint("commit-move-aside")
+	if err := r.rewriteSources(src, tmp, nil); err != nil {
+		return err
+	}
+	e.killPoint("commit-moved-aside")
+	return nil
+}
+
+// resumeMovesAside, when recovering, finds the workspace directories that
+// the interrupted commit had moved aside. A crash between the move and
+// the rewrite of the pending renames' sources (moveAside) leaves renames
+// whose source is missing in the workspace but present under its
+// temporary name: they are pointed there now. Every path a directory was
+// moved aside from counts as emptied by this commit (movedAway), as it
+// did before the crash: the renames into it expect it absent.
+func (r *commitRun) resumeMovesAside() error {
+	e := r.e
+	var srcs []string
+	for _, m := range e.index {
+		if m.Kind == KindDir && m.Redirect != "" {
+			srcs = append(srcs, m.Redirect)
+		}
+	}
+	sort.Strings(srcs)
+	for _, src := range srcs {
+		if _, err := e.base.lstat(src); !errors.Is(err, syscall.ENOENT) {
+			continue
+		}
+		// The shallowest missing directory on the way to src is the
+		// one that may have been moved aside.
+		parts := strings.Split(src, "/")
+		for i := range parts {
+			q := strings.Join(parts[:i+1], "/")
+			if _, err := e.base.lstat(q); err == nil {
+				continue
+			}
+			tmp := moveAsideName(q)
+			if st, err := e.base.lstat(tmp); err == nil && st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+				if err := r.rewriteSources(q, tmp, nil); err != nil {
+					return err
+				}
+			}
+			break
+		}
+	}
+	for _, m := range e.index {
+		if m.Kind != KindDir || m.Redirect == "" {
+			continue
+		}
+		parts := strings.Split(m.Redirect, "/")
+		for i, name := range parts {
+			if strings.HasPrefix(name, moveAsidePrefix) {
+				orig := append(append([]string(nil), parts[:i]...), strings.TrimPrefix(name, moveAsidePrefix))
+				r.movedAway[strings.Join(orig, "/")] = true
+				r.syncDir[strings.Join(parts[:i], "/")] = true
+			}
+		}
+	}
+	return nil
 }
 
 // rewriteSources points the pending renames whose source is at or below
@@ -373,6 +476,22 @@ func (r *commitRun) check(p string, b Baseline, alreadyDone func(*syscall.Stat_t
 		actual = baselineOf(st).String()
 	}
 	return st, false, &conflictError{expected: b.String(), actual: actual}
+}
+
+// acceptReplacedAbsent reports whether Recover accepts the conflict err,
+// check's answer for an absent workspace entry although the baseline has
+// one: the staged entry replaces a workspace entry of the other type (a
+// directory where a file was, or the reverse), which the commit removes
+// (removeReplaced) before it makes the new one, so a crash between the
+// two leaves the path absent. Where the types agree the commit replaces
+// the entry by one rename and never leaves it absent, and a normal commit
+// never accepts it: absent there means someone deleted the entry.
+func (r *commitRun) acceptReplacedAbsent(err error, st *syscall.Stat_t, b Baseline, stagedDir bool) bool {
+	var ce *conflictError
+	if !r.recovering || !errors.As(err, &ce) || st != nil || !b.Exists {
+		return false
+	}
+	return (b.Mode&syscall.S_IFMT == syscall.S_IFDIR) != stagedDir
 }
 
 func (r *commitRun) applyRedirect(p string, m *meta) error {
@@ -532,16 +651,22 @@ func (r *commitRun) applyDir(p string, m *meta) error {
 	if err != nil {
 		return err
 	}
+	// A directory where the baseline has a file: when recovering, the
+	// directory already there is this commit's own (made before the
+	// crash), and an absent entry is the file it removed first.
+	replacesFile := m.Base.Exists && m.Base.Mode&syscall.S_IFMT != syscall.S_IFDIR
 	st, done, err := r.check(p, m.Base, func(st *syscall.Stat_t) bool {
-		return st != nil && st.Mode&syscall.S_IFMT == syscall.S_IFDIR && !m.Base.Exists
+		isDir := st != nil && st.Mode&syscall.S_IFMT == syscall.S_IFDIR
+		return isDir && (!m.Base.Exists || r.recovering && replacesFile)
 	})
-	if err != nil {
+	if err != nil && !r.acceptReplacedAbsent(err, st, m.Base, true) {
 		return err
 	}
 	if st != nil && st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
 		if err := r.removeReplaced(p, st); err != nil {
 			return err
 		}
+		e.killPoint("commit-replaced")
 		st = nil
 	}
 	return e.base.withParent(p, func(dirfd int, name string) error {
@@ -580,8 +705,19 @@ func (r *commitRun) applyFile(p string, m *meta) error {
 	if err != nil {
 		return err
 	}
-	st, done, err := r.check(p, m.Base, func(st *syscall.Stat_t) bool { return e.baseHolds(p, st, m, ust) })
-	if err != nil {
+	st, done, err := r.check(p, m.Base, func(st *syscall.Stat_t) bool {
+		if m.Kind == KindSpecial && !r.recovering {
+			// A normal commit stays as strict as it always was for
+			// special files: only what a crashed commit of this very
+			// entry left counts as already committed.
+			return false
+		}
+		return e.baseHolds(p, st, m, ust)
+	})
+	// A file (or symlink, or special) where the baseline has a directory:
+	// when recovering, an absent entry is the directory this commit
+	// removed before the crash.
+	if err != nil && !r.acceptReplacedAbsent(err, st, m.Base, false) {
 		return err
 	}
 	if done {
@@ -592,6 +728,7 @@ func (r *commitRun) applyFile(p string, m *meta) error {
 		if err := r.removeReplaced(p, st); err != nil {
 			return err
 		}
+		e.killPoint("commit-replaced")
 	}
 	dir, _ := splitPath(p)
 	r.syncDir[dir] = true
@@ -729,7 +866,9 @@ func (e *Engine) writeBaseEntry(p string, m *meta, ust *syscall.Stat_t, dirfd in
 			return err
 		}
 		unix.Fchownat(dirfd, tmp, int(ust.Uid), int(ust.Gid), unix.AT_SYMLINK_NOFOLLOW)
-		return nil
+		// mknod applies the umask; the view showed m.Mode, and baseHolds
+		// recognises the committed entry by it.
+		return unix.Fchmodat(dirfd, tmp, m.Mode&0o7777, 0)
 	}
 	src, err := e.upper.open(p, unix.O_RDONLY, 0)
 	if err != nil {
@@ -794,6 +933,11 @@ func (e *Engine) baseHolds(p string, st *syscall.Stat_t, m *meta, ust *syscall.S
 			return false
 		}
 		return e.sameContent(p, p, st.Size)
+	case KindSpecial:
+		// A fifo, socket or device has no content: its type, device
+		// number and mode are all it is. The same entry left where the
+		// baseline still holds is not a change made since.
+		return st.Mode == m.Mode && st.Rdev == m.Rdev && !m.Base.matches(st)
 	}
 	return false
 }
@@ -913,19 +1057,65 @@ func (e *Engine) Discard(paths []string, c Caller) []string {
 // whose view changed and the files that got a new inode number.
 func (e *Engine) discardLocked(paths []string) (done, renumbered []string) {
 	sel := e.selectLocked(paths, true, discardAncestor)
-	// Deepest first, so a directory goes after its contents.
-	sort.SliceStable(sel, func(i, j int) bool { return depth(sel[i]) > depth(sel[j]) })
+	// A crash can stop a discard between any two of its steps, and
+	// nothing finishes a discard at the next start: every state in
+	// between must be a view that loses nothing. Dropping an entry that
+	// holds something (a moved file, a moved directory) before the
+	// deletion that hides its workspace original would show neither,
+	// and the next commit would delete the original. So the deletions
+	// (whiteouts, always leaves) go first: a state in between then
+	// shows the original again, next to the pending entry that is still
+	// to be dropped. Then the rest, deepest first, so a directory goes
+	// after its contents.
+	sort.SliceStable(sel, func(i, j int) bool {
+		wi, wj := e.isWhiteout(sel[i]), e.isWhiteout(sel[j])
+		if wi != wj {
+			return wi
+		}
+		return depth(sel[i]) > depth(sel[j])
+	})
+	inSel := map[string]bool{}
+	for _, p := range sel {
+		inSel[p] = true
+	}
 	// A discarded directory rename gives its directory back to the
 	// source. When a new directory was made at the source meanwhile
 	// (mv a b; mkdir a), the two merge, as they will in the workspace:
-	// the new one must stop hiding the base directory.
-	movedBack := map[string]uint64{}
+	// the new one must stop hiding the base directory. It stops before
+	// the rename is dropped, for the same reason as above: the other
+	// order would show the base directory nowhere in between.
 	for _, p := range sel {
-		if m := e.index[p]; m != nil && m.Kind == KindDir && m.Redirect != "" {
-			movedBack[m.Redirect] = m.Ino
+		m := e.index[p]
+		if m == nil || m.Kind != KindDir || m.Redirect == "" {
+			continue
+		}
+		src := m.Redirect
+		sm := e.index[src]
+		if sm == nil || sm.Kind != KindDir || !sm.Opaque || sm.Deleted || !e.isBaseOf(sm.Base, m.Ino) {
+			continue
+		}
+		nm := *sm
+		nm.Opaque = false
+		if err := e.writeMeta(src, &nm); err != nil {
+			e.logf("discard: give %s its directory back: %v", src, err)
+			continue
+		}
+		*sm = nm
+		if !inSel[src] {
+			done = append(done, src)
 		}
 	}
-	var revived []string // workspace files shown again
+	// Workspace files a discarded deletion shows again: a pending copy
+	// that shows the same inode number (the file was moved) takes a new
+	// one first, so that no state in between shows two files under one
+	// number.
+	var revived []string
+	for _, p := range sel {
+		if m := e.index[p]; m != nil && m.Kind == KindWhiteout && m.Base.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+			revived = append(revived, p)
+		}
+	}
+	newNumbers := e.renumberCopies(revived)
 	for _, p := range sel {
 		m := e.index[p]
 		if m == nil {
@@ -936,29 +1126,25 @@ func (e *Engine) discardLocked(paths []string) (done, renumbered []string) {
 			e.logf("discard %s: %v", p, err)
 			continue
 		}
-		if m.Kind == KindWhiteout && m.Base.Mode&syscall.S_IFMT != syscall.S_IFDIR {
-			revived = append(revived, p)
-		}
 		e.dropEntry(p)
 		e.pruneContainers(p)
 		done = append(done, p)
+		e.killPoint("discard-step")
 	}
-	renumbered = e.renumberCopies(revived)
-	for src, ino := range movedBack {
-		m := e.index[src]
-		if m == nil || m.Kind != KindDir || !m.Opaque || m.Deleted || !e.isBaseOf(m.Base, ino) {
-			continue
+	for _, q := range newNumbers {
+		if e.index[q] != nil {
+			// A copy discarded too needs no new number any more; only
+			// the ones still pending are reported.
+			renumbered = append(renumbered, q)
 		}
-		nm := *m
-		nm.Opaque = false
-		if err := e.writeMeta(src, &nm); err != nil {
-			e.logf("discard: give %s its directory back: %v", src, err)
-			continue
-		}
-		*m = nm
-		done = append(done, src)
 	}
 	return done, renumbered
+}
+
+// isWhiteout reports whether the pending entry at p is a deletion.
+func (e *Engine) isWhiteout(p string) bool {
+	m := e.index[p]
+	return m != nil && m.Kind == KindWhiteout
 }
 
 // renumberCopies gives a new inode number to every pending file that shows
@@ -1004,7 +1190,7 @@ func (e *Engine) Recover(unfinished []string) CommitResult {
 	}
 	e.note(Record{Op: "commit_recover", Detail: fmt.Sprintf("%d path(s)", len(unfinished)), Time: time.Now().UnixNano()})
 	e.removeCommitTemps(unfinished)
-	return e.Commit(unfinished, false, Caller{})
+	return e.commit(unfinished, false, Caller{}, true)
 }
 
 // uniq drops adjacent duplicates from a sorted slice (a renamed directory

@@ -2,9 +2,11 @@ package overlay
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 )
 
@@ -30,6 +32,10 @@ type inoMap struct {
 	byShown map[uint64]uint64 // shown number -> workspace inode
 	lines   int               // lines in the file
 	path    string
+
+	// size is the file's length up to the end of its last whole line:
+	// what the last load, append or rewrite left.
+	size int64
 }
 
 // reservedBit marks a workspace inode number that collides with a number
@@ -38,27 +44,34 @@ const reservedBit = 1 << 61
 
 func loadInoMap(stateDir string) (*inoMap, error) {
 	m := &inoMap{byReal: map[uint64]uint64{}, byShown: map[uint64]uint64{}, path: filepath.Join(stateDir, "inomap")}
-	f, err := os.Open(m.path)
+	data, err := os.ReadFile(m.path)
 	if os.IsNotExist(err) {
 		return m, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
+	// A last line without its newline is torn: a crash stopped its
+	// append. Its numbers may be cut short ("123 46" of "123 4611…"),
+	// so it is not read, and it is cut off the file, so the next append
+	// is not glued onto it. The commit that wrote it is finished again
+	// at start-up, which writes the line again.
+	if end := bytes.LastIndexByte(data, '\n') + 1; end < len(data) {
+		data = data[:end]
+		if err := truncateDurably(m.path, int64(end)); err != nil {
+			return nil, err
+		}
+	}
+	m.size = int64(len(data))
+	for _, line := range strings.Split(string(data), "\n") {
+		if line == "" {
+			continue
+		}
 		m.lines++
 		var real, shown uint64
-		if n, _ := fmt.Sscanf(sc.Text(), "%d %d", &real, &shown); n == 2 {
+		if n, _ := fmt.Sscanf(line, "%d %d", &real, &shown); n == 2 {
 			m.setLocked(real, shown)
 		}
-		// A torn last line (a crash while appending) is skipped: the
-		// commit that wrote it is finished again at start-up, which
-		// writes the line again.
-	}
-	if err := sc.Err(); err != nil {
-		return nil, err
 	}
 	if m.lines > 1024 && m.lines > 4*len(m.byReal) {
 		if err := m.rewrite(); err != nil {
@@ -142,13 +155,41 @@ func (m *inoMap) add(entries [][2]uint64) error {
 		return err
 	}
 	defer f.Close()
-	w := bufio.NewWriter(f)
+	// Each append starts on a fresh line: an earlier one that failed half
+	// way (a full disk) may have left a torn line after the last whole
+	// one, which would take the first numbers of this append and be read
+	// as a mapping at the next start. It is cut off first.
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if st.Size() > m.size {
+		if err := f.Truncate(m.size); err != nil {
+			return err
+		}
+	}
+	var buf bytes.Buffer
 	for _, e := range todo {
-		fmt.Fprintf(w, "%d %d\n", e[0], e[1])
+		fmt.Fprintf(&buf, "%d %d\n", e[0], e[1])
 		m.setLocked(e[0], e[1])
 		m.lines++
 	}
-	if err := w.Flush(); err != nil {
+	n, err := f.Write(buf.Bytes())
+	if err != nil {
+		return err
+	}
+	m.size = min(st.Size(), m.size) + int64(n)
+	return f.Sync()
+}
+
+// truncateDurably cuts the file at path to size and makes that durable.
+func truncateDurably(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Truncate(size); err != nil {
 		return err
 	}
 	return f.Sync()
@@ -162,8 +203,10 @@ func (m *inoMap) rewrite() error {
 		return err
 	}
 	w := bufio.NewWriter(f)
+	size := int64(0)
 	for real, shown := range m.byReal {
-		fmt.Fprintf(w, "%d %d\n", real, shown)
+		n, _ := fmt.Fprintf(w, "%d %d\n", real, shown)
+		size += int64(n)
 	}
 	err = w.Flush()
 	if err == nil {
@@ -180,6 +223,7 @@ func (m *inoMap) rewrite() error {
 		return fmt.Errorf("compact %s: %w", m.path, err)
 	}
 	m.lines = len(m.byReal)
+	m.size = size
 	return syncDir(filepath.Dir(m.path))
 }
 

@@ -1,0 +1,251 @@
+package overlay
+
+import (
+	"os"
+	"path/filepath"
+	"sort"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// These tests stop a commit or a discard inside one of its windows, as a
+// SIGKILL would (killPoint), open the state dir again and, for a commit,
+// finish it with Recover as the daemon does at start. Nobody changes the
+// workspace meanwhile, so nothing may be lost and nothing may conflict.
+
+// commitSelection returns the paths a commit of everything would select:
+// what its commit_begin record holds, and what Recover gets at the next
+// start.
+func commitSelection(e *Engine) []string {
+	var sel []string
+	e.locked(func() error {
+		sel = e.selectLocked(nil, true, commitAncestor)
+		return nil
+	})
+	return sel
+}
+
+// crashCommit commits everything on e, which must stop at its crash
+// point, then restarts and recovers the commit. It returns the new engine
+// and what Recover reported.
+func crashCommit(t *testing.T, e *Engine, point string) (*Engine, CommitResult) {
+	t.Helper()
+	sel := commitSelection(e)
+	require.NotEmpty(t, sel)
+	require.PanicsWithValue(t, killedAt(point), func() { e.Commit(nil, false, Caller{}) })
+	e = restartAfterCrash(t, e)
+	return e, e.Recover(sel)
+}
+
+// requireAllCommitted checks that a recovered commit left nothing pending.
+func requireAllCommitted(t *testing.T, e *Engine, res CommitResult) {
+	t.Helper()
+	require.Empty(t, res.Conflicts, "nobody changed the workspace")
+	require.Empty(t, res.Failed)
+	require.NotEmpty(t, res.Committed)
+	again := e.Commit(nil, false, Caller{})
+	require.Empty(t, again.Committed, "the recovered commit left pending changes")
+	require.Empty(t, again.Conflicts)
+	require.Empty(t, again.Failed)
+}
+
+func readWorkspace(t *testing.T, ws, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(ws, p))
+	require.NoError(t, err)
+	return string(b)
+}
+
+// workspaceNames lists the names in the workspace directory dir.
+func workspaceNames(t *testing.T, ws, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(ws, dir))
+	require.NoError(t, err)
+	var names []string
+	for _, d := range ents {
+		names = append(names, d.Name())
+	}
+	sort.Strings(names)
+	return names
+}
+
+// B. Discarding a rename removed the moved file before the deletion at its
+// source: a crash in between showed the file under neither name, and the
+// next commit deleted it from the workspace.
+func TestCrashInDiscardOfRename(t *testing.T) {
+	for _, tc := range []struct {
+		name, src, dst string
+		dir            bool
+	}{
+		{"file into a directory", "a.txt", "d/a.txt", false},
+		// "b" sorts after "a": the renamed directory's entry at a is
+		// the first one a deepest-first order meets.
+		{"directory", "b", "a", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws, state := t.TempDir(), t.TempDir()
+			require.NoError(t, os.MkdirAll(filepath.Join(ws, "d"), 0o755))
+			body := filepath.Join(ws, tc.src)
+			if tc.dir {
+				require.NoError(t, os.Mkdir(body, 0o755))
+				body = filepath.Join(body, "f")
+			}
+			require.NoError(t, os.WriteFile(body, []byte("kept\n"), 0o644))
+			inside := tc.src
+			if tc.dir {
+				inside = tc.src + "/f"
+			}
+
+			e := crashEngine(t, ws, state, "discard-step")
+			require.NoError(t, e.Rename(tc.src, tc.dst, 0, Caller{}))
+			require.PanicsWithValue(t, killedAt("discard-step"), func() { e.Discard(nil, Caller{}) })
+
+			e = restartAfterCrash(t, e)
+			require.Equal(t, "kept\n", readView(t, e, inside), "the discard's first step hid the workspace entry")
+			// The interrupted discard is finished by discarding again.
+			e.Discard(nil, Caller{})
+			require.Equal(t, "kept\n", readView(t, e, inside))
+			_, err := e.Stat(tc.dst)
+			require.ErrorIs(t, err, syscall.ENOENT)
+			res := e.Commit(nil, false, Caller{})
+			require.Empty(t, res.Committed)
+			require.Equal(t, "kept\n", readWorkspace(t, ws, inside))
+		})
+	}
+}
+
+// B. A crash after the deletion at a moved file's source was discarded,
+// with the moved copy still pending, must not show two files under one
+// inode number: the kernel would take them for one.
+func TestCrashInDiscardKeepsInodeNumbersApart(t *testing.T) {
+	ws, state := t.TempDir(), t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(ws, "d"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(ws, "a.txt"), []byte("kept\n"), 0o644))
+
+	e := crashEngine(t, ws, state, "discard-step")
+	require.NoError(t, e.Rename("a.txt", "d/a.txt", 0, Caller{}))
+	require.PanicsWithValue(t, killedAt("discard-step"), func() { e.Discard(nil, Caller{}) })
+
+	e = restartAfterCrash(t, e)
+	a, err := e.Stat("a.txt")
+	require.NoError(t, err)
+	if moved, err := e.Stat("d/a.txt"); err == nil {
+		require.NotEqual(t, a.Ino, moved.Ino, "two files shown under one inode number")
+	}
+}
+
+// C. A directory swap is committed by moving one directory aside first. A
+// crash after that move, before the pending renames learnt the temporary
+// name, left the commit unable to finish ("move a aside: ENOENT").
+func TestCrashInCommitOfDirectorySwap(t *testing.T) {
+	for _, point := range []string{"commit-move-aside", "commit-moved-aside"} {
+		t.Run(point, func(t *testing.T) {
+			ws, state := t.TempDir(), t.TempDir()
+			for _, d := range []string{"a", "b"} {
+				require.NoError(t, os.Mkdir(filepath.Join(ws, d), 0o755))
+				require.NoError(t, os.WriteFile(filepath.Join(ws, d, "from-"+d), []byte(d+"\n"), 0o644))
+			}
+
+			e := crashEngine(t, ws, state, point)
+			require.NoError(t, e.Rename("a", "t", 0, Caller{}))
+			require.NoError(t, e.Rename("b", "a", 0, Caller{}))
+			require.NoError(t, e.Rename("t", "b", 0, Caller{}))
+			e, res := crashCommit(t, e, point)
+			requireAllCommitted(t, e, res)
+
+			require.Equal(t, []string{"a", "b"}, workspaceNames(t, ws, ""), "a temporary name is left in the workspace")
+			require.Equal(t, "b\n", readWorkspace(t, ws, "a/from-b"))
+			require.Equal(t, "a\n", readWorkspace(t, ws, "b/from-a"))
+			require.Equal(t, "b\n", readView(t, e, "a/from-b"))
+			require.Equal(t, "a\n", readView(t, e, "b/from-a"))
+		})
+	}
+}
+
+// H. A directory that replaces a workspace file (and a file that replaces
+// a workspace directory) is committed by removing the old entry first. A
+// crash after that removal, or after the new entry was made, is finished
+// by Recover without a conflict.
+func TestCrashInCommitOfReplacedType(t *testing.T) {
+	for _, point := range []string{"commit-replaced", "commit-applied"} {
+		t.Run("directory over file/"+point, func(t *testing.T) {
+			ws, state := t.TempDir(), t.TempDir()
+			require.NoError(t, os.WriteFile(filepath.Join(ws, "x"), []byte("old file\n"), 0o644))
+
+			e := crashEngine(t, ws, state, point)
+			require.NoError(t, e.Unlink("x", Caller{}))
+			_, err := e.Mkdir("x", 0o755, Caller{})
+			require.NoError(t, err)
+			writeNew(t, e, "x/f", "new\n")
+			e, res := crashCommit(t, e, point)
+			requireAllCommitted(t, e, res)
+			require.Equal(t, "new\n", readWorkspace(t, ws, "x/f"))
+		})
+		t.Run("file over directory/"+point, func(t *testing.T) {
+			ws, state := t.TempDir(), t.TempDir()
+			require.NoError(t, os.Mkdir(filepath.Join(ws, "y"), 0o755))
+
+			e := crashEngine(t, ws, state, point)
+			require.NoError(t, e.Rmdir("y", Caller{}))
+			writeNew(t, e, "y", "new file\n")
+			e, res := crashCommit(t, e, point)
+			requireAllCommitted(t, e, res)
+			require.Equal(t, "new file\n", readWorkspace(t, ws, "y"))
+		})
+	}
+}
+
+// H. A committed fifo was not recognised as already committed: a crash
+// before its pending entry was dropped made every later commit conflict.
+func TestCrashInCommitOfFifo(t *testing.T) {
+	ws, state := t.TempDir(), t.TempDir()
+	e := crashEngine(t, ws, state, "commit-applied")
+	_, err := e.Mknod("p", syscall.S_IFIFO|0o640, 0, Caller{})
+	require.NoError(t, err)
+	e, res := crashCommit(t, e, "commit-applied")
+	requireAllCommitted(t, e, res)
+	var st unix.Stat_t
+	require.NoError(t, unix.Lstat(filepath.Join(ws, "p"), &st))
+	require.Equal(t, uint32(syscall.S_IFIFO|0o640), st.Mode)
+}
+
+// H. Recovering stays strict where the commit could not have made the
+// difference: a fifo of another mode at the path is a conflict. A normal
+// commit stays as strict as before: even the same fifo, made by someone
+// else, is a conflict there.
+func TestRecoverStillConflictsOnOtherFifo(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		mode    uint32
+		recover bool
+	}{
+		{"recover, other mode", 0o600, true},
+		{"commit, same fifo", 0o640, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws, state := t.TempDir(), t.TempDir()
+			e, err := New(Options{Workspace: ws, StateDir: state, Mode: Staged})
+			require.NoError(t, err)
+			t.Cleanup(func() { e.Close() })
+			_, err = e.Mknod("p", syscall.S_IFIFO|0o640, 0, Caller{})
+			require.NoError(t, err)
+			sel := commitSelection(e)
+			// Someone makes a fifo at p before the commit.
+			old := unix.Umask(0)
+			err = unix.Mkfifo(filepath.Join(ws, "p"), tc.mode)
+			unix.Umask(old)
+			require.NoError(t, err)
+			var res CommitResult
+			if tc.recover {
+				res = e.Recover(sel)
+			} else {
+				res = e.Commit(nil, false, Caller{})
+			}
+			require.Len(t, res.Conflicts, 1)
+			require.Equal(t, "p", res.Conflicts[0].Path)
+		})
+	}
+}
