@@ -181,11 +181,15 @@ func (sys *FS) Invalidate(paths []string) {
 		}
 		if child := parent.GetChild(name); child != nil {
 			child.NotifyContent(0, 0)
+			// A directory's listings below it may have come from
+			// elsewhere (a discarded opaque directory shows the
+			// workspace's again).
+			dirsBelow(child, dirs)
 		}
 		parent.NotifyEntry(name)
 		dirs[parent] = true
 	}
-	// The parents' cached listings (FOPEN_CACHE_DIR) go too, once each.
+	// The parents' cached listings go too, once each.
 	for d := range dirs {
 		d.NotifyContent(0, 0)
 	}

@@ -367,6 +367,13 @@ func (w *watcher) apply(inv *invalidation) {
 			parent.NotifyEntry(name)
 			listings[parent] = true
 		}
+		// A directory made, removed or moved here: what the kernel
+		// listed in and below it may come from elsewhere now (a
+		// directory made in the workspace under one made through the
+		// mount), and a name looked up again can lead to the same node.
+		if n := lookupPath(root, p); n != nil {
+			dirsBelow(n, listings)
+		}
 	}
 	later := make([]*fs.Inode, 0, len(listings))
 	for d := range listings {
@@ -376,6 +383,18 @@ func (w *watcher) apply(inv *invalidation) {
 	// A READDIR answered before this batch may reach the kernel's cache
 	// after it (see openlessDirs).
 	dropListingsAfter(relistAfterEvent, later...)
+}
+
+// dirsBelow adds n, when it is a directory, and the directories below it
+// that the kernel knows to dirs.
+func dirsBelow(n *fs.Inode, dirs map[*fs.Inode]bool) {
+	if !n.IsDir() {
+		return
+	}
+	dirs[n] = true
+	for _, c := range n.Children() {
+		dirsBelow(c, dirs)
+	}
 }
 
 // dropAll drops every cached name and attribute below n.
