@@ -851,10 +851,19 @@ func (e *Engine) removeMoved(ent snapshot.Entry, state string) error {
 
 // moveStateFile names the state file of the move back of ent in the
 // snapshot snapID: a snapshot id is never used again, so an old file left
-// by a restore nobody tried again never applies to another one.
+// by a restore nobody tried again never applies to another one, and it
+// goes when the snapshot is dropped (dropMoveStates).
 func (e *Engine) moveStateFile(snapID string, ent snapshot.Entry) string {
-	sum := sha256.Sum256([]byte(snapID + "\x00" + ent.From + "\x00" + ent.Path))
-	return filepath.Join(e.opts.StateDir, "moves", hex.EncodeToString(sum[:16]))
+	sum := sha256.Sum256([]byte(ent.From + "\x00" + ent.Path))
+	return filepath.Join(e.opts.StateDir, "moves", snapID+"."+hex.EncodeToString(sum[:12]))
+}
+
+// dropMoveStates removes the move-back state files of a dropped snapshot.
+func (e *Engine) dropMoveStates(snapID string) {
+	names, _ := filepath.Glob(filepath.Join(e.opts.StateDir, "moves", snapID+".*"))
+	for _, name := range names {
+		os.Remove(name)
+	}
 }
 
 // writeMoveState replaces the state file with phase. It is written whole

@@ -259,3 +259,36 @@ func TestCrashInRestoreCopyingMoveBack(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, ents, "the move back is finished")
 }
+
+// A move back left half done by a restore nobody tries again keeps its
+// state file only as long as its snapshot.
+func TestMoveStateGoesWithItsSnapshot(t *testing.T) {
+	ws, state := t.TempDir(), t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(ws, "d"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(ws, "d", "x"), []byte("x\n"), 0o644))
+	e := snapCrashEngine(t, ws, state, "copy-tree")
+	_, err := e.OpenSnapshot("tool", "", 0, nil)
+	require.NoError(t, err)
+	require.NoError(t, e.Unlink("d/x", tool))
+	require.NoError(t, e.Rmdir("d", tool))
+	_, err = e.Mkdir("d", 0o755, tool)
+	require.NoError(t, err)
+	require.ErrorIs(t, e.Rename("d", "e", 0, tool), syscall.EXDEV)
+	_, err = e.Mkdir("e", 0o755, tool)
+	require.NoError(t, err)
+	require.NoError(t, e.Rmdir("d", tool))
+	_, err = e.CloseSnapshot("tool")
+	require.NoError(t, err)
+	writeNew(t, e, "e/a", "a\n")
+	_, err = e.RestoreTool("tool", false)
+	require.ErrorIs(t, err, errDied)
+
+	e = restartWithStore(t, e)
+	ents, err := os.ReadDir(filepath.Join(state, "moves"))
+	require.NoError(t, err)
+	require.Len(t, ents, 1, "the interrupted move back's state")
+	require.NoError(t, e.DropSnapshot("tool"))
+	ents, err = os.ReadDir(filepath.Join(state, "moves"))
+	require.NoError(t, err)
+	require.Empty(t, ents)
+}

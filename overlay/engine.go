@@ -114,7 +114,8 @@ type Engine struct {
 	syncDone     chan struct{}
 
 	// textMu orders ReadFile after or before a whole PatchFile: a patch
-	// rewrites the file in place, and a read between its truncate and its
+	// that cannot swap the body by a rename (a hard-linked file, immediate
+	// mode) rewrites it in place, and a read between its truncate and its
 	// write would return content the file never had. Taken before mu.
 	textMu sync.RWMutex
 	// mu guards index, children and mode, and serializes namespace changes.
@@ -209,7 +210,10 @@ func New(opts Options) (*Engine, error) {
 		e.turnOpts.MaxAge = 7 * 24 * time.Hour
 	}
 	if e.snaps = opts.Snapshots; e.snaps != nil {
-		e.snaps.OnDrop(func(id string) { os.Remove(e.postFile(id)) })
+		e.snaps.OnDrop(func(id string) {
+			os.Remove(e.postFile(id))
+			e.dropMoveStates(id)
+		})
 		e.removeStalePosts()
 		e.startTurns()
 		e.openSnaps.Store(int64(len(e.snaps.OpenSnapshots())))
