@@ -221,7 +221,11 @@ func TestCrashInRestoreOfFileKeepsWholeBody(t *testing.T) {
 // fails with EXDEV, so mv copies; restore moves the directory back the same
 // way, by copying. A crash in the middle of that copy must not leave the
 // partial copy taken for the finished move.
-func TestCrashInRestoreCopyingMoveBack(t *testing.T) {
+// interruptedMoveBack makes a tool call whose restore must move a
+// directory back by copying (e to d, which holds staged deletions), and
+// stops that restore in the middle of the copy. It returns the restarted
+// engine and the state dir.
+func interruptedMoveBack(t *testing.T) (*Engine, string) {
 	ws, state := t.TempDir(), t.TempDir()
 	require.NoError(t, os.MkdirAll(filepath.Join(ws, "d"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(ws, "d", "x"), []byte("x\n"), 0o644))
@@ -246,8 +250,11 @@ func TestCrashInRestoreCopyingMoveBack(t *testing.T) {
 
 	_, err = e.RestoreTool("tool", false)
 	require.ErrorIs(t, err, errDied, "stopped in the middle of the copy")
+	return restartWithStore(t, e), state
+}
 
-	e = restartWithStore(t, e)
+func TestCrashInRestoreCopyingMoveBack(t *testing.T) {
+	e, state := interruptedMoveBack(t)
 	res, err := e.RestoreTool("tool", false)
 	require.NoError(t, err)
 	require.Empty(t, res.Failed)
@@ -263,27 +270,7 @@ func TestCrashInRestoreCopyingMoveBack(t *testing.T) {
 // A move back left half done by a restore nobody tries again keeps its
 // state file only as long as its snapshot.
 func TestMoveStateGoesWithItsSnapshot(t *testing.T) {
-	ws, state := t.TempDir(), t.TempDir()
-	require.NoError(t, os.MkdirAll(filepath.Join(ws, "d"), 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(ws, "d", "x"), []byte("x\n"), 0o644))
-	e := snapCrashEngine(t, ws, state, "copy-tree")
-	_, err := e.OpenSnapshot("tool", "", 0, nil)
-	require.NoError(t, err)
-	require.NoError(t, e.Unlink("d/x", tool))
-	require.NoError(t, e.Rmdir("d", tool))
-	_, err = e.Mkdir("d", 0o755, tool)
-	require.NoError(t, err)
-	require.ErrorIs(t, e.Rename("d", "e", 0, tool), syscall.EXDEV)
-	_, err = e.Mkdir("e", 0o755, tool)
-	require.NoError(t, err)
-	require.NoError(t, e.Rmdir("d", tool))
-	_, err = e.CloseSnapshot("tool")
-	require.NoError(t, err)
-	writeNew(t, e, "e/a", "a\n")
-	_, err = e.RestoreTool("tool", false)
-	require.ErrorIs(t, err, errDied)
-
-	e = restartWithStore(t, e)
+	e, state := interruptedMoveBack(t)
 	ents, err := os.ReadDir(filepath.Join(state, "moves"))
 	require.NoError(t, err)
 	require.Len(t, ents, 1, "the interrupted move back's state")
