@@ -282,6 +282,11 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 	}
 	p := n.child(name)
 	st, err := n.sys.eng.Stat(p)
+	return n.found(ctx, p, st, err, out)
+}
+
+// found finishes a lookup of the child p whose stat gave st, err.
+func (n *node) found(ctx context.Context, p string, st *syscall.Stat_t, err error, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	if err == syscall.ENOENT {
 		// go-fuse turns ENOENT into a negative entry cached for
 		// WatchedTimeout when the watcher runs, unless a timeout is set
@@ -520,17 +525,30 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 	return &dirHandle{n: n}, 0, 0
 }
 
-// dirHandle is an open directory: its listing, made on first use.
+// dirHandle is an open directory: its listing, made on first use, and a
+// statter for the lookups of its entries that READDIRPLUS makes.
 type dirHandle struct {
-	n    *node
-	list fs.DirStream
+	n       *node
+	list    fs.DirStream
+	statter *overlay.DirStatter
 }
 
 var (
 	_ fs.FileReaddirenter = (*dirHandle)(nil)
 	_ fs.FileSeekdirer    = (*dirHandle)(nil)
 	_ fs.FileReleasedirer = (*dirHandle)(nil)
+	_ fs.FileLookuper     = (*dirHandle)(nil)
 )
+
+// Lookup is the lookup of an entry listed by READDIRPLUS: as node.Lookup,
+// with the workspace directory opened once for all the entries.
+func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if d.statter == nil {
+		d.statter = d.n.sys.eng.OpenDirStatter(d.n.path())
+	}
+	st, err := d.statter.Stat(name)
+	return d.n.found(ctx, d.n.child(name), st, err, out)
+}
 
 func (d *dirHandle) load(ctx context.Context) syscall.Errno {
 	if d.list != nil {
@@ -582,6 +600,9 @@ func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 	if d.list != nil {
 		d.list.Close()
+	}
+	if d.statter != nil {
+		d.statter.Close()
 	}
 }
 

@@ -1299,3 +1299,39 @@ func TestCommitLeavesNoTrash(t *testing.T) {
 	require.Equal(t, "a1\n", h.read("a"))
 	require.Equal(t, "b1\n", h.read("b"))
 }
+
+// A DirStatter (READDIRPLUS's lookups) answers exactly as Stat, for every
+// kind of entry and every way a directory's view is made.
+func TestDirStatterIsStat(t *testing.T) {
+	h := newHarness(t, ".stagefs")
+	for _, p := range []string{"d/base", "d/edited", "d/gone", "d/sub/f", "r/one", "o/old", ".stagefs/x"} {
+		h.baseFile(p, "content of "+p+"\n")
+	}
+	h.baseSymlink("d/link", "base")
+	h.overwrite("d/edited", "edited\n")
+	h.unlink("d/gone")
+	h.create("d/new", "new\n")
+	h.rename("r", "moved")
+	h.create("moved/two", "two\n")
+	h.unlink("o/old")
+	h.rmdir("o")
+	h.mkdir("o")
+	h.create("o/fresh", "fresh\n")
+	names := []string{"base", "edited", "gone", "sub", "link", "new", "missing", "one", "two", "old", "fresh", ".stagefs", "f"}
+	for _, dir := range []string{"", "d", "d/sub", "moved", "o", "r"} {
+		s := h.e.OpenDirStatter(dir)
+		for _, name := range names {
+			p := name
+			if dir != "" {
+				p = dir + "/" + name
+			}
+			want, wantErr := h.e.Stat(p)
+			got, gotErr := s.Stat(name)
+			require.Equal(t, wantErr, gotErr, "%s", p)
+			if wantErr == nil {
+				require.Equal(t, *want, *got, "%s", p)
+			}
+		}
+		s.Close()
+	}
+}
