@@ -228,6 +228,12 @@ type node struct {
 	fs.Inode
 	sys *FS
 	io  ioModes
+
+	// kept is the listing of a directory read part way (see
+	// dirHandle.Releasedir), for the READDIR that goes on from there.
+	keptMu sync.Mutex
+	kept   []fuse.DirEntry
+	keptAt time.Time
 }
 
 var (
@@ -526,10 +532,14 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, 
 }
 
 // dirHandle is an open directory: its listing, made on first use, and a
-// statter for the lookups of its entries that READDIRPLUS makes.
+// statter for the lookups of its entries that READDIRPLUS makes. It lives
+// for one READDIR (openlessDirs); a listing longer than one reply goes on
+// in the next from the node's kept copy.
 type dirHandle struct {
 	n       *node
+	entries []fuse.DirEntry
 	list    fs.DirStream
+	ended   bool // the whole listing was read
 	statter *overlay.DirStatter
 }
 
@@ -556,11 +566,11 @@ func (d *dirHandle) load(ctx context.Context) syscall.Errno {
 	}
 	sys := d.n.sys
 	events := sys.watch.eventCount()
-	list, errno := d.n.Readdir(ctx)
+	entries, errno := d.n.listing()
 	if errno != 0 {
 		return errno
 	}
-	d.list = list
+	d.entries, d.list = entries, fs.NewListDirStream(entries)
 	p := d.n.path()
 	switch {
 	case sys.watch.eventCount() != events:
@@ -581,13 +591,22 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 		return nil, errno
 	}
 	if !d.list.HasNext() {
+		d.ended = true
 		return nil, 0
 	}
 	e, errno := d.list.Next()
 	return &e, errno
 }
 
+// Seekdir goes on from where an earlier READDIR of the directory stopped,
+// in the listing it was serving when it is recent: offsets are positions
+// in one listing.
 func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	if d.list == nil && off > 0 {
+		if kept := d.n.takeKept(); kept != nil && off <= uint64(len(kept)) {
+			d.entries, d.list = kept, fs.NewListDirStream(kept)
+		}
+	}
 	if errno := d.load(ctx); errno != 0 {
 		return errno
 	}
@@ -597,9 +616,32 @@ func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	return syscall.ENOTSUP
 }
 
+// keepListing keeps the listing of a directory read part way, for the
+// READDIR that goes on from there.
+func (n *node) keepListing(entries []fuse.DirEntry) {
+	n.keptMu.Lock()
+	n.kept, n.keptAt = entries, time.Now()
+	n.keptMu.Unlock()
+}
+
+// takeKept returns the kept listing if it is recent, and forgets it.
+func (n *node) takeKept() []fuse.DirEntry {
+	n.keptMu.Lock()
+	defer n.keptMu.Unlock()
+	kept, at := n.kept, n.keptAt
+	n.kept = nil
+	if kept == nil || time.Since(at) > readAgainWithin {
+		return nil
+	}
+	return kept
+}
+
 func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 	if d.list != nil {
 		d.list.Close()
+		if !d.ended {
+			d.n.keepListing(d.entries)
+		}
 	}
 	if d.statter != nil {
 		d.statter.Close()
@@ -607,6 +649,15 @@ func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 }
 
 func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
+	entries, errno := n.listing()
+	if errno != 0 {
+		return nil, errno
+	}
+	return fs.NewListDirStream(entries), 0
+}
+
+// listing lists the directory, "." and ".." first.
+func (n *node) listing() ([]fuse.DirEntry, syscall.Errno) {
 	ents, err := n.sys.eng.ReadDir(n.path())
 	if err != nil {
 		return nil, toErrno(err)
@@ -621,7 +672,7 @@ func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 	for _, d := range ents {
 		list = append(list, fuse.DirEntry{Name: d.Name, Mode: d.Mode, Ino: d.Ino})
 	}
-	return fs.NewListDirStream(list), 0
+	return list, 0
 }
 
 // Fsync makes a file or directory durable: a directory's fsync reaches the

@@ -1,6 +1,7 @@
 package test
 
 import (
+	"fmt"
 	"os"
 	"regexp"
 	"sort"
@@ -124,5 +125,33 @@ func TestDirListingUnderRenamedDirFollowsWorkspace(t *testing.T) {
 	}
 	if took := time.Since(start); took > 2500*time.Millisecond {
 		t.Errorf("ls b showed the workspace's new file only after %v (cache timeout 1 s)", took)
+	}
+}
+
+// A listing longer than one READDIR reply is served in parts from one
+// listing: every name once, the staged and the workspace's alike.
+func TestLargeDirListing(t *testing.T) {
+	parallel(t)
+	files := map[string]string{}
+	for i := 0; i < 3000; i++ {
+		files[fmt.Sprintf("big/workspace-file-with-a-long-name-%05d", i)] = "w\n"
+	}
+	m := mountStagefs(t, withFiles(files))
+	sh(t, m.mnt, "for i in $(seq 1 500); do echo s > big/staged-$i; done; rm big/workspace-file-with-a-long-name-00007")
+	for round := 0; round < 2; round++ { // cold, then from the kernel's cache
+		names := lsNames(t, m.in("big"))
+		seen := map[string]int{}
+		for _, n := range names {
+			seen[n]++
+			if seen[n] > 1 {
+				t.Fatalf("round %d: %s listed twice", round, n)
+			}
+		}
+		if want := 3000 - 1 + 500 + 2; len(names) != want {
+			t.Fatalf("round %d: ls -a big lists %d names, want %d", round, len(names), want)
+		}
+		if seen["workspace-file-with-a-long-name-00007"] != 0 || seen["staged-500"] != 1 || seen["workspace-file-with-a-long-name-02999"] != 1 {
+			t.Fatalf("round %d: wrong names listed", round)
+		}
 	}
 }
