@@ -735,8 +735,11 @@ type handle struct {
 	passthrough bool
 	hold        *heldWriter
 
-	mu sync.Mutex // guards f.Fd and f.Upper while re-pointing
+	mu sync.Mutex // guards f.Fd, f.Upper and bodyIno while re-pointing
 	f  *overlay.File
+	// bodyIno is the inode number of the pending body a read-only handle
+	// reads (0: not known yet).
+	bodyIno uint64
 }
 
 var (
@@ -773,24 +776,50 @@ func asHandle(f fs.FileHandle) (*handle, bool) {
 	return nil, false
 }
 
-// fd returns the descriptor to read from, re-pointing a read-only handle on
-// a workspace file at its pending copy after a copy-up.
+// fd returns the descriptor to read from, re-pointing a read-only handle
+// on a workspace file at its pending copy after a copy-up, and one on a
+// pending body at the body that replaced it (a patch, write or restore
+// swaps whole bodies by rename), as every open of the file now reads.
 func (h *handle) fd() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !h.f.Upper && !h.f.Writable && h.sys.eng.CopyGeneration() != h.f.Gen {
-		p := h.n.path()
+	gen := h.sys.eng.CopyGeneration()
+	if h.f.Writable || gen == h.f.Gen {
+		return h.f.Fd
+	}
+	p := h.n.path()
+	switch {
+	case !h.f.Upper:
 		if h.sys.eng.IsStaged(p) {
-			if nf, err := h.sys.eng.Open(p, unix.O_RDONLY, overlay.Caller{}); err == nil && nf.Upper {
-				unix.Close(h.f.Fd)
-				h.f.Fd, h.f.Upper = nf.Fd, true
-			} else if err == nil {
-				unix.Close(nf.Fd)
+			h.reopen(p)
+		}
+	default:
+		if h.bodyIno == 0 {
+			var st unix.Stat_t
+			if unix.Fstat(h.f.Fd, &st) == nil {
+				h.bodyIno = st.Ino
 			}
 		}
-		h.f.Gen = h.sys.eng.CopyGeneration()
+		if cur := h.sys.eng.PendingBodyIno(p); cur != 0 && cur != h.bodyIno {
+			h.reopen(p)
+		}
 	}
+	h.f.Gen = gen
 	return h.f.Fd
+}
+
+// reopen points the read-only handle at p's pending body now.
+func (h *handle) reopen(p string) {
+	nf, err := h.sys.eng.Open(p, unix.O_RDONLY, overlay.Caller{})
+	if err != nil {
+		return
+	}
+	if !nf.Upper {
+		unix.Close(nf.Fd)
+		return
+	}
+	unix.Close(h.f.Fd)
+	h.f.Fd, h.f.Upper, h.bodyIno = nf.Fd, true, 0
 }
 
 func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {

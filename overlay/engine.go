@@ -798,6 +798,17 @@ func (e *Engine) Stat(p string) (*syscall.Stat_t, error) {
 	return e.statLoc(p, l)
 }
 
+// PendingBodyIno returns the inode number of p's pending body (the upper
+// file a staged regular file reads from), 0 when p has none.
+func (e *Engine) PendingBodyIno(p string) uint64 {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if m := e.index[p]; m != nil && m.Kind == KindFile {
+		return m.uino
+	}
+	return 0
+}
+
 // IsStaged reports whether p has an upper entry (for handles that must move
 // to the upper copy after a copy-up).
 func (e *Engine) IsStaged(p string) bool {

@@ -306,3 +306,28 @@ func TestCLIStatusAgeAndColor(t *testing.T) {
 		}
 	}
 }
+
+// A patch swaps the pending body whole (a rename in the pending set). A
+// process that had the file open reads what every later open reads, as
+// when the body was rewritten in place: the daemon points its handle at
+// the new body. (With passthrough, reads of a pending body are the
+// kernel's and go on in the body the handle was opened on.)
+func TestPatchReachesOpenReaders(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "alpha\n"}), withMountFlags("--no-passthrough"))
+	sh(t, m.mnt, "echo beta > f.txt")
+	f, err := os.Open(m.in("f.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 64)
+	if n, _ := f.ReadAt(buf, 0); string(buf[:n]) != "beta\n" {
+		t.Fatalf("before the patch the open file reads %q", buf[:n])
+	}
+	m.mustCLI("patch", "f.txt", "--expect", contentHash([]byte("beta\n")), "--edit", "beta=gamma")
+	if n, _ := f.ReadAt(buf, 0); string(buf[:n]) != "gamma\n" {
+		t.Errorf("after the patch the file opened before it reads %q, want the patched body", buf[:n])
+	}
+	assertFile(t, m.in("f.txt"), "gamma\n")
+}
