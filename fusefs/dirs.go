@@ -1,6 +1,7 @@
 package fusefs
 
 import (
+	"sync"
 	"syscall"
 	"time"
 
@@ -18,8 +19,7 @@ import (
 // request and released before the reply. No handle outlives a request:
 // the kernel may forget a node at any time between requests, and go-fuse
 // would then no longer know the node a late release names. A listing
-// longer than one reply goes on from the copy the node keeps
-// (dirHandle.Seekdir).
+// longer than one reply goes on in the listing kept for it (keptListings).
 //
 // Every listing being cached, each must be dropped when it changes:
 //   - changes through the mount: the kernel drops the listing itself (the
@@ -38,9 +38,66 @@ type openlessDirs struct {
 	fuse.RawFileSystem
 }
 
-// readAgainWithin is how soon the next part of a listing must be asked
-// for to be served from the same listing (the kernel asks right away).
-const readAgainWithin = time.Second
+// keptListings holds the listings of directories read part way, by node
+// and by the offset the next READDIR starts at, so that a reader goes on
+// in the listing its offsets are positions in: a fresh listing, after
+// entries before the offset were removed (git clean unlinks while it
+// reads), would skip or repeat entries nobody touched. Two readers of one
+// directory each find their own. A listing not asked for again within
+// keptFor, or past keptMax, goes.
+type keptListings struct {
+	mu sync.Mutex
+	m  map[keptKey]keptListing
+}
+
+type keptKey struct {
+	n   *node
+	off uint64
+}
+
+type keptListing struct {
+	entries []fuse.DirEntry
+	at      time.Time
+}
+
+const (
+	keptFor = time.Minute
+	keptMax = 256
+)
+
+func (k *keptListings) keep(n *node, off uint64, entries []fuse.DirEntry) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.m == nil {
+		k.m = map[keptKey]keptListing{}
+	}
+	now := time.Now()
+	var oldest keptKey
+	for key, l := range k.m {
+		if now.Sub(l.at) > keptFor {
+			delete(k.m, key)
+		} else if oldest.n == nil || l.at.Before(k.m[oldest].at) {
+			oldest = key
+		}
+	}
+	if len(k.m) >= keptMax {
+		delete(k.m, oldest)
+	}
+	k.m[keptKey{n, off}] = keptListing{entries: entries, at: now}
+}
+
+// take returns, and forgets, the listing kept for n at off.
+func (k *keptListings) take(n *node, off uint64) []fuse.DirEntry {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	key := keptKey{n, off}
+	l, ok := k.m[key]
+	delete(k.m, key)
+	if !ok || time.Since(l.at) > keptFor || off > uint64(len(l.entries)) {
+		return nil
+	}
+	return l.entries
+}
 
 func newOpenlessDirs(raw fuse.RawFileSystem) *openlessDirs {
 	return &openlessDirs{RawFileSystem: raw}

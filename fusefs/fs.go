@@ -50,6 +50,7 @@ type FS struct {
 	gens            map[uint64]uint64 // inode number -> generation of new nodes, for retired nodes
 	heldMu          sync.Mutex
 	held            map[*heldWriter]bool // write-opens that are or may become passthrough handles
+	kept            keptListings         // listings read part way (dirs.go)
 }
 
 // Mount mounts eng at mountpoint and returns once the kernel serves it.
@@ -228,12 +229,6 @@ type node struct {
 	fs.Inode
 	sys *FS
 	io  ioModes
-
-	// kept is the listing of a directory read part way (see
-	// dirHandle.Releasedir), for the READDIR that goes on from there.
-	keptMu sync.Mutex
-	kept   []fuse.DirEntry
-	keptAt time.Time
 }
 
 var (
@@ -539,7 +534,9 @@ type dirHandle struct {
 	n       *node
 	entries []fuse.DirEntry
 	list    fs.DirStream
-	ended   bool // the whole listing was read
+	pos     uint64 // the offset of the next entry Readdirent gives
+	given   int    // entries Readdirent gave
+	ended   bool   // the whole listing was read
 	statter *overlay.DirStatter
 }
 
@@ -595,6 +592,8 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 		return nil, 0
 	}
 	e, errno := d.list.Next()
+	d.pos++
+	d.given++
 	return &e, errno
 }
 
@@ -603,44 +602,43 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 // in one listing.
 func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	if d.list == nil && off > 0 {
-		if kept := d.n.takeKept(); kept != nil && off <= uint64(len(kept)) {
+		if kept := d.n.sys.kept.take(d.n, off); kept != nil {
 			d.entries, d.list = kept, fs.NewListDirStream(kept)
 		}
 	}
 	if errno := d.load(ctx); errno != 0 {
 		return errno
 	}
-	if s, ok := d.list.(fs.FileSeekdirer); ok {
-		return s.Seekdir(ctx, off)
+	s, ok := d.list.(fs.FileSeekdirer)
+	if !ok {
+		return syscall.ENOTSUP
 	}
-	return syscall.ENOTSUP
-}
-
-// keepListing keeps the listing of a directory read part way, for the
-// READDIR that goes on from there.
-func (n *node) keepListing(entries []fuse.DirEntry) {
-	n.keptMu.Lock()
-	n.kept, n.keptAt = entries, time.Now()
-	n.keptMu.Unlock()
-}
-
-// takeKept returns the kept listing if it is recent, and forgets it.
-func (n *node) takeKept() []fuse.DirEntry {
-	n.keptMu.Lock()
-	defer n.keptMu.Unlock()
-	kept, at := n.kept, n.keptAt
-	n.kept = nil
-	if kept == nil || time.Since(at) > readAgainWithin {
-		return nil
+	if off > uint64(len(d.entries)) {
+		// A fresh listing, shorter than the one the offset came from
+		// (entries were removed): the rest of that one is gone.
+		off = uint64(len(d.entries))
 	}
-	return kept
+	if errno := s.Seekdir(ctx, off); errno != 0 {
+		return errno
+	}
+	d.pos = off
+	return 0
 }
 
 func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 	if d.list != nil {
 		d.list.Close()
-		if !d.ended {
-			d.n.keepListing(d.entries)
+		switch {
+		case d.ended && d.given > 0:
+			// The kernel asks once more, at the end, to learn that
+			// it is the end.
+			d.n.sys.kept.keep(d.n, d.pos, d.entries)
+		case d.ended:
+			// That was the end, told: nothing more to read.
+		case d.pos > 0:
+			// go-fuse read one entry more than the reply held: the
+			// next READDIR starts at it.
+			d.n.sys.kept.keep(d.n, d.pos-1, d.entries)
 		}
 	}
 	if d.statter != nil {

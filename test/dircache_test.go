@@ -155,3 +155,49 @@ func TestLargeDirListing(t *testing.T) {
 		}
 	}
 }
+
+// A reader that removes what it has read and goes on later (git clean,
+// remove_dir_recurse) sees every other name once: it goes on in the
+// listing its offsets come from, not in a fresh one that the removals
+// shifted.
+func TestDirReadWhileRemoving(t *testing.T) {
+	parallel(t)
+	files := map[string]string{}
+	for i := 0; i < 2000; i++ {
+		files[fmt.Sprintf("d/entry-with-a-long-enough-name-%05d", i)] = "x\n"
+	}
+	m := mountStagefs(t, withFiles(files))
+	dir, err := os.Open(m.in("d"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	seen := map[string]bool{}
+	first, err := dir.ReadDir(300)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range first {
+		seen[e.Name()] = true
+		if err := os.Remove(m.in("d/" + e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(1500 * time.Millisecond) // a slow reader
+	rest, err := dir.ReadDir(-1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range rest {
+		if seen[e.Name()] {
+			if _, err := os.Lstat(m.in("d/" + e.Name())); err == nil {
+				t.Fatalf("%s listed twice", e.Name())
+			}
+			continue // removed after it was listed: may show again
+		}
+		seen[e.Name()] = true
+	}
+	if len(seen) != 2000 {
+		t.Fatalf("the reader saw %d names in all, want 2000", len(seen))
+	}
+}
