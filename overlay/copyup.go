@@ -19,6 +19,9 @@ func (e *Engine) writeMeta(p string, m *meta) error {
 // writeMetaFor stores on the upper entry at p the meta m describes it with
 // once it is at dest (a rename writes it before it moves the entry).
 func (e *Engine) writeMetaFor(p, dest string, m *meta) error {
+	if p == dest {
+		m.Was = nil // it is where it is: nothing to put back
+	}
 	e.placeMeta(m, dest)
 	if err := e.upper.setxattr(p, metaXattr, m.encode(), 0); err != nil {
 		return err

@@ -156,3 +156,35 @@ func TestCrashInRenameUnderRenamedDir(t *testing.T) {
 	_, err = os.Stat(filepath.Join(ws, "a"))
 	require.ErrorIs(t, err, os.ErrNotExist)
 }
+
+// Moving a renamed directory back where the workspace has it clears its
+// redirect in the meta written for the destination; a crash before the
+// move must not lose the redirect at the old place, or the workspace's
+// entries vanish from the view and the directory can never commit.
+func TestCrashInRenameBackOfRenamedDir(t *testing.T) {
+	ws, state := t.TempDir(), t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(ws, "x"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(ws, "x", "f"), []byte("f\n"), 0o644))
+
+	e := crashEngine(t, ws, state, "")
+	require.NoError(t, e.Rename("x", "a", 0, Caller{}))
+	writeNew(t, e, "a/new", "new\n")
+	e.die = func(point string) bool { return point == "rename" }
+	require.ErrorIs(t, e.Rename("a", "x", 0, Caller{}), errDied)
+
+	e = restartAfterCrash(t, e)
+	require.Equal(t, "f\n", readView(t, e, "a/f"), "the workspace's x/f, seen at a")
+	require.Equal(t, "new\n", readView(t, e, "a/new"))
+	_, err := e.Stat("x")
+	require.ErrorIs(t, err, syscall.ENOENT)
+	res := e.Commit(nil, false, Caller{})
+	require.Empty(t, res.Conflicts)
+	require.Empty(t, res.Failed)
+	for p, want := range map[string]string{"a/f": "f\n", "a/new": "new\n"} {
+		b, err := os.ReadFile(filepath.Join(ws, p))
+		require.NoError(t, err)
+		require.Equal(t, want, string(b))
+	}
+	_, err = os.Stat(filepath.Join(ws, "x"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+}

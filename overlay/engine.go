@@ -473,11 +473,21 @@ func (e *Engine) readMeta(p string, st *syscall.Stat_t, dirIno uint64) (*meta, e
 // rebaseMisplaced fixes the meta of an entry that a crash caught in the
 // middle of a rename, after rename wrote the meta for the destination and
 // before it moved the entry there: the rename did not happen, and the
-// baseline (what the workspace had at the destination) is not this
-// place's. What the workspace has here now is the best knowledge left;
-// it is wrong only if the workspace changed here from outside since the
-// entry was staged.
+// baseline (what the workspace had at the destination), redirect and
+// opacity are not this place's. The rename kept those of this place in
+// Was. A meta written before Was existed gets what the workspace has here
+// now, the best knowledge left: wrong only if the workspace changed here
+// from outside since the entry was staged.
 func (e *Engine) rebaseMisplaced(p string, m *meta) {
+	if w := m.Was; w != nil {
+		// The rename kept what the entry was here.
+		m.Base, m.Redirect, m.Opaque, m.Container, m.AttrOnly = w.Base, w.Redirect, w.Opaque, w.Container, w.AttrOnly
+		e.logf("overlay: %s: a rename from here was interrupted; the entry stays", p)
+		if err := e.writeMeta(p, m); err != nil {
+			e.logf("overlay: %s: %v", p, err)
+		}
+		return
+	}
 	bst, basePath := e.loadBaseStat(p)
 	m.Base = Baseline{}
 	if bst != nil {

@@ -119,6 +119,11 @@ type meta struct {
 	// it keep matching.
 	Dir  uint64 `json:"pd,omitempty"`
 	Name string `json:"nm,omitempty"`
+	// Was is what the entry was at its old place, written with the meta
+	// for its new place by a rename: if a crash stops the rename before
+	// the move, start-up finds the entry at the old place and puts this
+	// back. An in-place write drops it.
+	Was *placeState `json:"was,omitempty"`
 
 	uino uint64 // the upper entry's own inode number (not persisted)
 	// unsaved: Pid and Comm changed after the meta was last written. A
@@ -126,6 +131,15 @@ type meta struct {
 	// so the hot path (a write-open of a staged file) writes no xattr;
 	// they reach the disk with the next meta write or at Close.
 	unsaved bool
+}
+
+// placeState is the part of a meta that depends on where the entry is.
+type placeState struct {
+	Base      Baseline `json:"b"`
+	Redirect  string   `json:"rd,omitempty"`
+	Opaque    bool     `json:"op,omitempty"`
+	Container bool     `json:"ct,omitempty"`
+	AttrOnly  bool     `json:"ao,omitempty"`
 }
 
 func decodeMeta(b []byte) (meta, error) {

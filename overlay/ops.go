@@ -1232,6 +1232,7 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 			nm.Redirect = ""
 		}
 	}
+	nm.Was = &placeState{Base: om.Base, Redirect: om.Redirect, Opaque: om.Opaque, Container: om.Container, AttrOnly: om.AttrOnly}
 	if err := e.writeMetaFor(oldp, newp, &nm); err != nil {
 		return err
 	}
