@@ -795,6 +795,12 @@ func (e *Engine) moveBack(ent snapshot.Entry, exists bool, snapID string) error 
 	}
 	switch string(b) {
 	case moveCopying:
+		// What ent.From holds must be part of the copy (all of it is
+		// in ent.Path): anything else was made there after the crash,
+		// and is not the restore's to remove.
+		if !e.treeWithin(ent.From, ent.Path) {
+			return fmt.Errorf("%s changed after an interrupted restore copied %s there; left as it is", ent.From, ent.Path)
+		}
 		if err := e.removeTree(ent.From); err != nil {
 			return err
 		}
@@ -804,6 +810,11 @@ func (e *Engine) moveBack(ent snapshot.Entry, exists bool, snapID string) error 
 		}
 		return e.copyBack(ent, state)
 	case moveRemoving:
+		// The copy was whole: ent.Path may go only while everything
+		// in it is in the copy too.
+		if !e.treeWithin(ent.Path, ent.From) {
+			return fmt.Errorf("%s changed after an interrupted restore copied it to %s; left as it is", ent.Path, ent.From)
+		}
 		return e.removeMoved(ent, state)
 	}
 	if _, err := e.Stat(ent.From); err == nil || !exists {
@@ -1259,6 +1270,36 @@ func (e *Engine) copyTree(from, to string) error {
 }
 
 // removeTree removes p and everything below it from the view.
+// treeWithin reports whether every entry of the tree a is in the tree b
+// too, with the same type (and, for a file, size): a is part of a copy of
+// b. An absent a is within anything.
+func (e *Engine) treeWithin(a, b string) bool {
+	sa, err := e.Stat(a)
+	if err != nil {
+		return errors.Is(err, syscall.ENOENT)
+	}
+	sb, err := e.Stat(b)
+	if err != nil || sa.Mode&syscall.S_IFMT != sb.Mode&syscall.S_IFMT {
+		return false
+	}
+	switch sa.Mode & syscall.S_IFMT {
+	case syscall.S_IFREG:
+		// A file a copy cut short is shorter.
+		return sa.Size <= sb.Size
+	case syscall.S_IFDIR:
+		ents, err := e.ReadDir(a)
+		if err != nil {
+			return false
+		}
+		for _, d := range ents {
+			if !e.treeWithin(joinPath(a, d.Name), joinPath(b, d.Name)) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 func (e *Engine) removeTree(p string) error {
 	st, err := e.Stat(p)
 	if err != nil {

@@ -132,9 +132,7 @@ type commitRun struct {
 func (e *Engine) commitLocked(sel []string, force, recovering bool) CommitResult {
 	r := &commitRun{e: e, force: force, recovering: recovering, syncDir: map[string]bool{}, linked: map[uint64]string{}, failed: map[string]bool{}, prepared: map[uint64]preparedFile{}, movedAway: map[string]bool{}}
 	if recovering {
-		if err := r.resumeMovesAside(); err != nil {
-			e.logf("commit: find the directories moved aside before the crash: %v", err)
-		}
+		r.resumeMovesAside(sel)
 	}
 	// 1. Directory renames, shallowest destination first.
 	var redirects, movedDeleted []string
@@ -301,28 +299,43 @@ func (r *commitRun) applyRedirectStep(p string, inSel map[string]bool) {
 }
 
 // moveAsidePrefix starts the temporary name moveAside gives a workspace
-// directory: moveAsidePrefix + its own name, next to it.
+// directory, next to it: moveAsidePrefix + its own name, or, when that is
+// taken (a directory of the user's, or one an earlier swap left),
+// ".stagefs-move.N." + its name.
 const moveAsidePrefix = ".stagefs-move-"
 
-// moveAsideName returns the temporary name of the workspace directory src.
-// It is derived from src alone, and src from it, so that Recover finds a
-// directory that a crash caught after its move and before the pending
-// renames were pointed at it, and knows which path it left empty.
-func moveAsideName(src string) string {
+// moveAsideTries bounds the temporary names tried for one directory.
+const moveAsideTries = 10
+
+// moveAsideName returns the n-th temporary name of the workspace directory
+// src. It is derived from src alone, so that Recover finds a directory that
+// a crash caught after its move and before the pending renames were
+// pointed at it.
+func moveAsideName(src string, n int) string {
 	dir, name := splitPath(src)
-	return joinPath(dir, moveAsidePrefix+name)
+	if n == 0 {
+		return joinPath(dir, moveAsidePrefix+name)
+	}
+	return joinPath(dir, fmt.Sprintf(".stagefs-move.%d.%s", n, name))
 }
 
 // moveAside renames the workspace directory src to a temporary name next
 // to it and points the pending renames from inside it there.
 func (r *commitRun) moveAside(src string) error {
 	e := r.e
-	tmp := moveAsideName(src)
-	err := e.base.withParent(src, func(sdir int, sname string) error {
-		return e.base.withParent(tmp, func(tdir int, tname string) error {
-			return renameAt(sdir, sname, tdir, tname, unix.RENAME_NOREPLACE)
+	var tmp string
+	var err error
+	for n := 0; n < moveAsideTries; n++ {
+		tmp = moveAsideName(src, n)
+		err = e.base.withParent(src, func(sdir int, sname string) error {
+			return e.base.withParent(tmp, func(tdir int, tname string) error {
+				return renameAt(sdir, sname, tdir, tname, unix.RENAME_NOREPLACE)
+			})
 		})
-	})
+		if !errors.Is(err, syscall.EEXIST) {
+			break
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("move %s aside in the workspace: %w", src, err)
 	}
@@ -337,22 +350,25 @@ func (r *commitRun) moveAside(src string) error {
 }
 
 // resumeMovesAside, when recovering, finds the workspace directories that
-// the interrupted commit had moved aside. A crash between the move and
-// the rewrite of the pending renames' sources (moveAside) leaves renames
-// whose source is missing in the workspace but present under its
-// temporary name: they are pointed there now. Every path a directory was
-// moved aside from counts as emptied by this commit (movedAway), as it
+// the interrupted commit had moved aside. A crash between the move and the
+// rewrite of the pending renames' sources (moveAside) leaves renames of
+// this commit whose source is missing in the workspace but present under a
+// temporary name: each is pointed there if the directory found has the
+// inode number the rename was staged with, so a directory of the user's
+// that happens to have such a name is never taken. Every path a directory
+// was moved aside from counts as emptied by this commit (movedAway), as it
 // did before the crash: the renames into it expect it absent.
-func (r *commitRun) resumeMovesAside() error {
+func (r *commitRun) resumeMovesAside(sel []string) {
 	e := r.e
-	var srcs []string
-	for _, m := range e.index {
-		if m.Kind == KindDir && m.Redirect != "" {
-			srcs = append(srcs, m.Redirect)
+	var renames []*meta
+	for _, p := range sel {
+		if m := e.index[p]; m != nil && m.Kind == KindDir && m.Redirect != "" {
+			renames = append(renames, m)
 		}
 	}
-	sort.Strings(srcs)
-	for _, src := range srcs {
+	sort.Slice(renames, func(i, j int) bool { return renames[i].Redirect < renames[j].Redirect })
+	for _, m := range renames {
+		src := m.Redirect
 		if _, err := e.base.lstat(src); !errors.Is(err, syscall.ENOENT) {
 			continue
 		}
@@ -364,29 +380,50 @@ func (r *commitRun) resumeMovesAside() error {
 			if _, err := e.base.lstat(q); err == nil {
 				continue
 			}
-			tmp := moveAsideName(q)
-			if st, err := e.base.lstat(tmp); err == nil && st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
-				if err := r.rewriteSources(q, tmp, nil); err != nil {
-					return err
+			rest := strings.TrimPrefix(src, q)
+			for n := 0; n < moveAsideTries; n++ {
+				tmp := moveAsideName(q, n)
+				if st, err := e.base.lstat(tmp + rest); err == nil && st.Mode&syscall.S_IFMT == syscall.S_IFDIR && e.baseIno(st) == m.Ino {
+					if err := r.rewriteSources(q, tmp, nil); err != nil {
+						e.logf("commit: point the renames from %s at %s: %v", q, tmp, err)
+					}
+					break
 				}
 			}
 			break
 		}
 	}
-	for _, m := range e.index {
-		if m.Kind != KindDir || m.Redirect == "" {
-			continue
+	for _, m := range renames {
+		dir, name := r.movedAsideFrom(m)
+		if name != "" {
+			r.movedAway[joinPath(dir, name)] = true
+			r.syncDir[dir] = true
 		}
-		parts := strings.Split(m.Redirect, "/")
-		for i, name := range parts {
-			if strings.HasPrefix(name, moveAsidePrefix) {
-				orig := append(append([]string(nil), parts[:i]...), strings.TrimPrefix(name, moveAsidePrefix))
-				r.movedAway[strings.Join(orig, "/")] = true
-				r.syncDir[strings.Join(parts[:i], "/")] = true
+	}
+}
+
+// movedAsideFrom returns where the workspace directory behind the rename m
+// was before this commit moved it aside (dir and name; name "" when it was
+// not): its source runs through a temporary name, and the directory there
+// is the one the rename was staged with.
+func (r *commitRun) movedAsideFrom(m *meta) (string, string) {
+	st, err := r.e.base.lstat(m.Redirect)
+	if err != nil || r.e.baseIno(st) != m.Ino {
+		return "", ""
+	}
+	parts := strings.Split(m.Redirect, "/")
+	for i, part := range parts {
+		dir := strings.Join(parts[:i], "/")
+		if name, ok := strings.CutPrefix(part, moveAsidePrefix); ok {
+			return dir, name
+		}
+		if rest, ok := strings.CutPrefix(part, ".stagefs-move."); ok {
+			if _, name, ok := strings.Cut(rest, "."); ok {
+				return dir, name
 			}
 		}
 	}
-	return nil
+	return "", ""
 }
 
 // rewriteSources points the pending renames whose source is at or below
@@ -1116,14 +1153,22 @@ func (e *Engine) discardLocked(paths []string) (done, renumbered []string) {
 		}
 	}
 	newNumbers := e.renumberCopies(revived)
+	whiteoutKept := false
 	for _, p := range sel {
 		m := e.index[p]
 		if m == nil {
 			done = append(done, p) // went with a discarded directory
 			continue
 		}
+		if whiteoutKept && m.Kind != KindWhiteout {
+			// A deletion that could not be dropped may hide the
+			// original of an entry dropped now: keep the rest, as
+			// the order above is there to.
+			continue
+		}
 		if err := e.upper.withParent(p, func(dirfd int, name string) error { return removeAllAt(dirfd, name) }); err != nil {
 			e.logf("discard %s: %v", p, err)
+			whiteoutKept = whiteoutKept || m.Kind == KindWhiteout
 			continue
 		}
 		e.dropEntry(p)

@@ -149,6 +149,11 @@ func TestCrashInCommitOfDirectorySwap(t *testing.T) {
 				require.NoError(t, os.WriteFile(filepath.Join(ws, d, "from-"+d), []byte(d+"\n"), 0o644))
 			}
 
+			// A directory of the user's already has the first
+			// temporary name: the swap takes the next, and Recover
+			// finds it (and leaves the user's alone).
+			require.NoError(t, os.MkdirAll(filepath.Join(ws, ".stagefs-move-a", "mine"), 0o755))
+
 			e := crashEngine(t, ws, state, point)
 			require.NoError(t, e.Rename("a", "t", 0, Caller{}))
 			require.NoError(t, e.Rename("b", "a", 0, Caller{}))
@@ -156,7 +161,8 @@ func TestCrashInCommitOfDirectorySwap(t *testing.T) {
 			e, res := crashCommit(t, e, point)
 			requireAllCommitted(t, e, res)
 
-			require.Equal(t, []string{"a", "b"}, workspaceNames(t, ws, ""), "a temporary name is left in the workspace")
+			require.Equal(t, []string{".stagefs-move-a", "a", "b"}, workspaceNames(t, ws, ""), "a temporary name is left in the workspace")
+			require.Equal(t, []string{"mine"}, workspaceNames(t, ws, ".stagefs-move-a"))
 			require.Equal(t, "b\n", readWorkspace(t, ws, "a/from-b"))
 			require.Equal(t, "a\n", readWorkspace(t, ws, "b/from-a"))
 			require.Equal(t, "b\n", readView(t, e, "a/from-b"))

@@ -279,3 +279,15 @@ func TestMoveStateGoesWithItsSnapshot(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, ents)
 }
+
+// Work done in the half-made copy after the crash is not the restore's:
+// a restore tried again leaves it, and says so, rather than removing it
+// with the partial copy.
+func TestInterruptedMoveBackKeepsLaterWork(t *testing.T) {
+	e, _ := interruptedMoveBack(t)
+	writeNew(t, e, "d/new", "later\n")
+	res, err := e.RestoreTool("tool", false)
+	require.NoError(t, err)
+	require.NotEmpty(t, res.Failed, "the move back cannot go on over later work")
+	require.Equal(t, "later\n", readView(t, e, "d/new"))
+}

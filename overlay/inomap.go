@@ -36,6 +36,9 @@ type inoMap struct {
 	// size is the file's length up to the end of its last whole line:
 	// what the last load, append or rewrite left.
 	size int64
+	// unsaved are mappings in use whose append failed (a full disk): the
+	// next append writes them first.
+	unsaved [][2]uint64
 }
 
 // reservedBit marks a workspace inode number that collides with a number
@@ -141,7 +144,7 @@ func (m *inoMap) maxShown(bit uint64) uint64 {
 func (m *inoMap) add(entries [][2]uint64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var todo [][2]uint64
+	todo := m.unsaved
 	for _, e := range entries {
 		if m.changes(e[0], e[1]) {
 			todo = append(todo, e)
@@ -149,6 +152,12 @@ func (m *inoMap) add(entries [][2]uint64) error {
 	}
 	if len(todo) == 0 {
 		return nil
+	}
+	// The view uses the numbers at once, written or not; what is not
+	// written is tried again with the next append.
+	m.unsaved = todo
+	for _, e := range todo {
+		m.setLocked(e[0], e[1])
 	}
 	f, err := os.OpenFile(m.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -171,15 +180,18 @@ func (m *inoMap) add(entries [][2]uint64) error {
 	var buf bytes.Buffer
 	for _, e := range todo {
 		fmt.Fprintf(&buf, "%d %d\n", e[0], e[1])
-		m.setLocked(e[0], e[1])
-		m.lines++
 	}
 	n, err := f.Write(buf.Bytes())
 	if err != nil {
 		return err
 	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
 	m.size = min(st.Size(), m.size) + int64(n)
-	return f.Sync()
+	m.lines += len(todo)
+	m.unsaved = nil
+	return nil
 }
 
 // truncateDurably cuts the file at path to size and makes that durable.
