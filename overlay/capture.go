@@ -454,13 +454,10 @@ func (e *Engine) savePost(info snapshot.Info) {
 	}
 }
 
-// removeStalePosts removes post files of snapshots that are gone (a crash
-// between a drop and the removal).
+// removeStalePosts removes post files and move-back state files of
+// snapshots that are gone (a crash between a drop and the removal).
 func (e *Engine) removeStalePosts() {
-	ents, err := os.ReadDir(filepath.Join(e.opts.StateDir, "posts"))
-	if err != nil {
-		return
-	}
+	ents, _ := os.ReadDir(filepath.Join(e.opts.StateDir, "posts"))
 	live := map[string]bool{}
 	for _, s := range e.snaps.List() {
 		live[s.ID] = true
@@ -470,6 +467,15 @@ func (e *Engine) removeStalePosts() {
 		id, ok := strings.CutSuffix(de.Name(), ".json")
 		if ok && snapshot.ValidID(id) == nil && !live[id] {
 			os.Remove(filepath.Join(e.opts.StateDir, "posts", de.Name()))
+		}
+	}
+	// Move-back state files of snapshots dropped while no daemon ran,
+	// or by a crash between the drop and OnDrop.
+	moves, _ := os.ReadDir(filepath.Join(e.opts.StateDir, "moves"))
+	for _, de := range moves {
+		id, _, _ := strings.Cut(de.Name(), ".")
+		if !live[id] {
+			os.Remove(filepath.Join(e.opts.StateDir, "moves", de.Name()))
 		}
 	}
 }

@@ -291,3 +291,17 @@ func TestInterruptedMoveBackKeepsLaterWork(t *testing.T) {
 	require.NotEmpty(t, res.Failed, "the move back cannot go on over later work")
 	require.Equal(t, "later\n", readView(t, e, "d/new"))
 }
+
+// A move-back state file whose snapshot went while no daemon ran (or in a
+// crash before the drop's clean-up) goes at the next start.
+func TestStaleMoveStateGoesAtStart(t *testing.T) {
+	e, state := interruptedMoveBack(t)
+	stray := filepath.Join(state, "moves", "00000000000000aa-0123456789abcdef.0011")
+	require.NoError(t, os.WriteFile(stray, []byte("copy"), 0o600))
+	e = restartWithStore(t, e)
+	_, err := os.Stat(stray)
+	require.ErrorIs(t, err, os.ErrNotExist)
+	ents, err := os.ReadDir(filepath.Join(state, "moves"))
+	require.NoError(t, err)
+	require.Len(t, ents, 1, "the live snapshot's state stays")
+}
