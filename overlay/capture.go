@@ -883,17 +883,32 @@ func (e *Engine) dropMoveStates(snapID string) {
 	}
 }
 
-// writeMoveState replaces the state file with phase. It is written whole
-// and renamed into place, so a crash leaves the old phase or the new.
+// writeMoveState replaces the state file with phase. It is written whole,
+// made durable and renamed into place, so a crash, or a power loss, leaves
+// the old phase or the new.
 func writeMoveState(state, phase string) error {
 	if err := os.MkdirAll(filepath.Dir(state), 0o700); err != nil {
 		return err
 	}
 	tmp := state + ".tmp"
-	if err := os.WriteFile(tmp, []byte(phase), 0o600); err != nil {
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
 		return err
 	}
-	return os.Rename(tmp, state)
+	_, err = f.WriteString(phase)
+	if err == nil {
+		err = f.Sync() // a restore is rare: it may wait for the disk
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, state); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(state))
 }
 
 // undelete brings back a workspace directory that the pending set deletes,
