@@ -245,7 +245,6 @@ var (
 	_ fs.NodeRmdirer        = (*node)(nil)
 	_ fs.NodeRenamer        = (*node)(nil)
 	_ fs.NodeReadlinker     = (*node)(nil)
-	_ fs.NodeReaddirer      = (*node)(nil)
 	_ fs.NodeOpendirHandler = (*node)(nil)
 	_ fs.NodeStatfser       = (*node)(nil)
 	_ fs.NodeGetxattrer     = (*node)(nil)
@@ -644,14 +643,6 @@ func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {
 	if d.statter != nil {
 		d.statter.Close()
 	}
-}
-
-func (n *node) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
-	entries, errno := n.listing()
-	if errno != 0 {
-		return nil, errno
-	}
-	return fs.NewListDirStream(entries), 0
 }
 
 // listing lists the directory, "." and ".." first.

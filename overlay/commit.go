@@ -302,7 +302,10 @@ func (r *commitRun) applyRedirectStep(p string, inSel map[string]bool) {
 // directory, next to it: moveAsidePrefix + its own name, or, when that is
 // taken (a directory of the user's, or one an earlier swap left),
 // ".stagefs-move.N." + its name.
-const moveAsidePrefix = ".stagefs-move-"
+const (
+	moveAsidePrefix   = ".stagefs-move-"
+	moveAsideNumbered = ".stagefs-move." // + N + "." + name
+)
 
 // moveAsideTries bounds the temporary names tried for one directory.
 const moveAsideTries = 10
@@ -316,7 +319,7 @@ func moveAsideName(src string, n int) string {
 	if n == 0 {
 		return joinPath(dir, moveAsidePrefix+name)
 	}
-	return joinPath(dir, fmt.Sprintf(".stagefs-move.%d.%s", n, name))
+	return joinPath(dir, fmt.Sprintf("%s%d.%s", moveAsideNumbered, n, name))
 }
 
 // moveAside renames the workspace directory src to a temporary name next
@@ -417,7 +420,7 @@ func (r *commitRun) movedAsideFrom(m *meta) (string, string) {
 		if name, ok := strings.CutPrefix(part, moveAsidePrefix); ok {
 			return dir, name
 		}
-		if rest, ok := strings.CutPrefix(part, ".stagefs-move."); ok {
+		if rest, ok := strings.CutPrefix(part, moveAsideNumbered); ok {
 			if _, name, ok := strings.Cut(rest, "."); ok {
 				return dir, name
 			}

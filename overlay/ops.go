@@ -784,6 +784,20 @@ func (e *Engine) ReadDir(p string) ([]Dirent, error) {
 	return e.readDirLocked(p)
 }
 
+// listedBase returns the workspace directory whose entries the directory
+// at l shows (false: none, it is opaque or new). A renamed directory shows
+// the one it came from: locate applies a redirect only to the paths below
+// it.
+func (l loc) listedBase() (string, bool) {
+	if l.m != nil && l.m.Opaque {
+		return "", false
+	}
+	if l.m != nil && l.m.Redirect != "" {
+		return l.m.Redirect, true
+	}
+	return l.basePath, l.hasBase
+}
+
 func (e *Engine) readDirLocked(p string) ([]Dirent, error) {
 	l, err := e.locate(p)
 	if err != nil {
@@ -797,13 +811,7 @@ func (e *Engine) readDirLocked(p string) ([]Dirent, error) {
 		return nil, syscall.ENOTDIR
 	}
 	var out []Dirent
-	hasBase, basePath := l.hasBase, l.basePath
-	if l.m != nil && l.m.Redirect != "" {
-		// A renamed directory lists the base directory it came from
-		// (locate applies a redirect only to the paths below it).
-		hasBase, basePath = true, l.m.Redirect
-	}
-	if hasBase && (l.m == nil || !l.m.Opaque) {
+	if basePath, ok := l.listedBase(); ok {
 		if fd, err := e.base.openDirRead(basePath); err == nil {
 			ents, err := readDirents(fd)
 			unix.Close(fd)
@@ -1665,12 +1673,12 @@ func (e *Engine) OpenDirStatter(p string) *DirStatter {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	l, err := e.locate(p)
-	if err != nil || !l.hasBase || (l.m != nil && (l.m.Opaque || l.deleted())) {
+	if err != nil || l.deleted() {
 		return s
 	}
-	basePath := l.basePath
-	if l.m != nil && l.m.Redirect != "" {
-		basePath = l.m.Redirect
+	basePath, ok := l.listedBase()
+	if !ok {
+		return s
 	}
 	if fd, err := e.base.openDirRead(basePath); err == nil {
 		s.baseFd, s.basePath = fd, basePath
