@@ -428,3 +428,53 @@ func TestRootSetattrInStagedMode(t *testing.T) {
 	h.create("f", "x")
 	require.Equal(t, []string{"created f"}, h.pending())
 }
+
+func TestSetattrThatChangesNothingStagesNothing(t *testing.T) {
+	// tar, cp -a, rsync and chmod -R / chown -R set attributes a file
+	// already has: such a call copies nothing up and journals nothing.
+	h := newHarness(t)
+	j := &countingJournal{}
+	h.opts.Journal = j
+	h.restart()
+	h.baseFile("f", "f")
+	h.baseDir("d")
+	h.baseFile("suid", "s")
+	require.NoError(t, unix.Chmod(h.wsPath("suid"), 0o4755))
+	f, d := h.stat("f"), h.stat("d")
+	mode, uid, gid := f.Mode&0o7777, f.Uid, f.Gid
+	mtime := unix.Timespec{Sec: f.Mtim.Sec, Nsec: f.Mtim.Nsec}
+	caller := overlay.Caller{Pid: 1}
+	_, err := h.e.Setattr("f", -1, overlay.SetAttr{Mode: &mode, Uid: &uid, Gid: &gid, Mtime: &mtime}, caller)
+	require.NoError(t, err)
+	dmode := d.Mode & 0o7777
+	_, err = h.e.Setattr("d", -1, overlay.SetAttr{Mode: &dmode, Uid: &uid}, caller)
+	require.NoError(t, err)
+	require.Equal(t, []string{}, h.pending())
+	waited, early, _ := j.counts()
+	require.Zero(t, waited+early, "no-op setattrs were journaled")
+
+	// Each of these changes something, so each stages its path.
+	sid := h.stat("suid")
+	_, err = h.e.Setattr("suid", -1, overlay.SetAttr{Uid: &sid.Uid}, caller) // clears set-id bits
+	require.NoError(t, err)
+	require.Zero(t, h.stat("suid").Mode&unix.S_ISUID, "chown kept the set-user-id bit")
+	now := unix.Timespec{Nsec: unix.UTIME_NOW}
+	_, err = h.e.Setattr("d", -1, overlay.SetAttr{Mtime: &now}, caller)
+	require.NoError(t, err)
+	other := mode ^ 0o100
+	_, err = h.e.Setattr("f", -1, overlay.SetAttr{Mode: &other, Mtime: &mtime}, caller)
+	require.NoError(t, err)
+	require.Equal(t, []string{"metadata d", "metadata f", "metadata suid"}, h.pending())
+	require.Equal(t, other, h.stat("f").Mode&0o7777)
+
+	// A staged file's own attributes count, not the workspace's.
+	before, _, _ := j.counts()
+	_, err = h.e.Setattr("f", -1, overlay.SetAttr{Mode: &other}, caller)
+	require.NoError(t, err)
+	waited, _, _ = j.counts()
+	require.Equal(t, before, waited, "a no-op chmod of a staged file was journaled")
+	_, err = h.e.Setattr("f", -1, overlay.SetAttr{Mode: &mode}, caller)
+	require.NoError(t, err)
+	waited, _, _ = j.counts()
+	require.Equal(t, before+1, waited)
+}

@@ -1306,6 +1306,10 @@ func (e *Engine) Setattr(p string, fd int, a SetAttr, c Caller) (*syscall.Stat_t
 	c = e.named(c)
 	staged := true
 	st, err := underLock(e, func() (*syscall.Stat_t, error) {
+		if st, ok := e.unchangedBy(p, a); ok {
+			staged = false
+			return st, nil
+		}
 		// In staged mode the root has nothing to stage (rootSetattrLocked).
 		staged = p != "" || e.mode == Immediate
 		return e.setattrLocked(p, fd, a, c)
@@ -1320,6 +1324,58 @@ func (e *Engine) Setattr(p string, fd int, a SetAttr, c Caller) (*syscall.Stat_t
 		e.changed()
 	}
 	return st, err
+}
+
+// unchangedBy returns p's attributes and true when a would leave them as
+// they are: a chown to the owner it has, a chmod to the mode it has, times
+// set to the times it has. tar, cp -a, rsync and `chmod -R`/`chown -R`
+// send such calls for most files; answering them from a stat saves a
+// copy-up of a workspace file and a journal sync each. A truncate is
+// never a no-op (it sets the mtime even to the same size), nor a chown
+// of a set-id file (chown clears those bits), nor a time set to "now".
+func (e *Engine) unchangedBy(p string, a SetAttr) (*syscall.Stat_t, bool) {
+	if a.Size != nil || e.isHidden(p) {
+		return nil, false
+	}
+	var st *syscall.Stat_t
+	var err error
+	if e.mode == Immediate {
+		if st, err = e.base.lstat(p); err == nil {
+			st.Ino = e.baseIno(st)
+		}
+	} else {
+		var l loc
+		if l, err = e.locate(p); err == nil {
+			st, err = e.statLoc(p, l)
+		}
+	}
+	if err != nil {
+		return nil, false
+	}
+	kind := st.Mode & syscall.S_IFMT
+	if a.Mode != nil && kind != syscall.S_IFLNK && *a.Mode&0o7777 != st.Mode&0o7777 {
+		return nil, false
+	}
+	if a.Uid != nil || a.Gid != nil {
+		if kind != syscall.S_IFDIR && st.Mode&(syscall.S_ISUID|syscall.S_ISGID) != 0 {
+			return nil, false
+		}
+		if a.Uid != nil && *a.Uid != st.Uid || a.Gid != nil && *a.Gid != st.Gid {
+			return nil, false
+		}
+	}
+	if !sameTime(a.Atime, st.Atim) || !sameTime(a.Mtime, st.Mtim) {
+		return nil, false
+	}
+	return st, true
+}
+
+// sameTime reports whether setting ts leaves a time that is now cur.
+func sameTime(ts *unix.Timespec, cur syscall.Timespec) bool {
+	if ts == nil || ts.Nsec == unix.UTIME_OMIT {
+		return true
+	}
+	return ts.Nsec != unix.UTIME_NOW && ts.Sec == cur.Sec && ts.Nsec == cur.Nsec
 }
 
 // describe lists the attributes a changes and their new values for the
