@@ -33,7 +33,7 @@ func (e *Engine) writeMetaFor(p, dest string, m *meta) error {
 // placeMeta sets the place m is written for (see meta.Dir).
 func (e *Engine) placeMeta(m *meta, p string) {
 	dir, name := splitPath(p)
-	m.Dir, m.Name = e.upperDirIno(dir), name
+	m.Dir, m.NameSum = e.upperDirIno(dir), nameSum(name)
 }
 
 // upperDirIno returns the inode number of the upper directory dir, 0 when

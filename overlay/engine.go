@@ -439,11 +439,11 @@ func (e *Engine) readMeta(p string, st *syscall.Stat_t, dirIno uint64) (*meta, e
 		}
 		m.uino = st.Ino
 		_, name := splitPath(p)
-		// Metas written before they named their place (Name "") are
+		// Metas written before they named their place (NameSum 0) are
 		// taken as in place, and a directory number 0 as unknown.
-		misplaced := m.Name != "" && (m.Name != name || (m.Dir != 0 && m.Dir != dirIno))
+		misplaced := m.NameSum != 0 && (m.NameSum != nameSum(name) || (m.Dir != 0 && m.Dir != dirIno))
 		switch {
-		case m.Kind != KindDir && st.Nlink > 1 && (misplaced || m.Name == ""):
+		case m.Kind != KindDir && st.Nlink > 1 && (misplaced || m.NameSum == 0):
 			e.relinkBaseline(p, &m)
 		case misplaced:
 			e.rebaseMisplaced(p, &m)

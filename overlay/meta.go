@@ -1,7 +1,6 @@
 package overlay
 
 import (
-	"encoding/json"
 	"fmt"
 	"syscall"
 	"time"
@@ -88,7 +87,9 @@ func (b Baseline) String() string {
 	return fmt.Sprintf("ino %d size %d mtime %s", b.Ino, b.Size, time.Unix(0, b.Mtime).UTC().Format(time.RFC3339Nano))
 }
 
-// meta is the persistent description of one upper entry.
+// meta is the persistent description of one upper entry, stored in its
+// metaXattr (metacodec.go). The json tags read metas that earlier versions
+// wrote as JSON.
 type meta struct {
 	Kind      Kind     `json:"k"`
 	Container bool     `json:"ct,omitempty"` // dir present only to hold staged children
@@ -108,8 +109,9 @@ type meta struct {
 	// it for writing, truncated, moved or linked it since. Status reports
 	// it as a metadata change, not a write.
 	AttrOnly bool `json:"ao,omitempty"`
-	// Dir and Name are the place the meta was written for: the inode
-	// number of the upper directory and the entry's name in it. The meta
+	// Dir and NameSum are the place the meta was written for: the inode
+	// number of the upper directory and a checksum of the entry's name in
+	// it (nameSum; 0 in a meta written before metas named their place). The meta
 	// lives on the entry's inode, which a rename moves, so rename writes
 	// the meta for the new place before it moves the entry; an entry
 	// found at start-up where its meta does not say it is was caught
@@ -117,8 +119,8 @@ type meta struct {
 	// its baseline, written for the other place, is not its own. A
 	// directory's inode number survives its renames, so the entries in
 	// it keep matching.
-	Dir  uint64 `json:"pd,omitempty"`
-	Name string `json:"nm,omitempty"`
+	Dir     uint64 `json:"pd,omitempty"`
+	NameSum uint32 `json:"-"`
 	// Was is what the entry was at its old place, written with the meta
 	// for its new place by a rename: if a crash stops the rename before
 	// the move, start-up finds the entry at the old place and puts this
@@ -140,25 +142,6 @@ type placeState struct {
 	Opaque    bool     `json:"op,omitempty"`
 	Container bool     `json:"ct,omitempty"`
 	AttrOnly  bool     `json:"ao,omitempty"`
-}
-
-func decodeMeta(b []byte) (meta, error) {
-	var m meta
-	if err := json.Unmarshal(b, &m); err != nil {
-		return meta{}, fmt.Errorf("bad %s: %w", metaXattr, err)
-	}
-	if m.Kind < KindFile || m.Kind > KindWhiteout {
-		return meta{}, fmt.Errorf("bad %s: unknown kind %d", metaXattr, m.Kind)
-	}
-	return m, nil
-}
-
-func (m *meta) encode() []byte {
-	b, err := json.Marshal(m)
-	if err != nil {
-		panic(err) // plain struct of numbers and strings: cannot fail
-	}
-	return b
 }
 
 // isChange reports whether the entry is itself a pending change (shown by
