@@ -89,6 +89,10 @@ func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
 		DirectMount:   os.Geteuid() == 0,
 		Debug:         opts.Debug,
 		MaxBackground: 64,
+		// Reads answer with bytes (ReadResultData), which go-fuse would
+		// still first try to splice: a pipe taken, grown, written and
+		// drained for nothing, four system calls on every READ.
+		DisableSplice: true,
 		// The kernel checks permissions itself (other uids, sticky dirs).
 		Options: []string{"default_permissions"},
 	}
@@ -403,6 +407,9 @@ func (n *node) newHandle(p string, f *overlay.File, hold *heldWriter, c overlay.
 		n.sys.unhold(hold)
 		n.sys.eng.Release(p, f, c)
 		return nil, 0, errno
+	}
+	if n.keepPages(h) {
+		openFlags |= fuse.FOPEN_KEEP_CACHE
 	}
 	if h.passthrough {
 		h.hold = hold

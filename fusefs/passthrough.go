@@ -53,6 +53,48 @@ type ioModes struct {
 	// that open's work twice (it is idempotent: the copy-up is done, the
 	// truncation repeated).
 	backing uint64
+	// pages describes the file whose content the kernel's page cache of
+	// this node was last allowed to hold (see keepPages); zero: unknown.
+	pages pageStamp
+}
+
+// pageStamp identifies one version of a file's content: a change of
+// content changes the ctime (fine-grained, since the stamp was taken
+// with a stat), and a different body is a different inode.
+type pageStamp struct {
+	dev, ino, size, mtime, ctime int64
+}
+
+func stampOf(fd int) (pageStamp, bool) {
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		return pageStamp{}, false
+	}
+	return pageStamp{dev: int64(st.Dev), ino: int64(st.Ino), size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano()}, true
+}
+
+// keepPages says whether a read-only open served by the daemon may keep
+// the pages the kernel cached for the node (FOPEN_KEEP_CACHE): only when
+// they were read from the very file this open reads, unchanged since.
+// Without it the kernel drops a file's pages at every open, so each
+// `cat`, compiler or `git` read of an unchanged workspace file went to the
+// daemon again. Every other open forgets the stamp, so pages read before
+// a passthrough open, a write through the daemon or a copy-up are never
+// kept: passthrough I/O bypasses this page cache. Commit, discard,
+// restore and workspace events drop the pages themselves (Invalidate,
+// watcher).
+func (n *node) keepPages(h *handle) bool {
+	var stamp pageStamp
+	ok := false
+	if !h.passthrough && !h.f.Writable {
+		stamp, ok = stampOf(h.f.Fd)
+	}
+	m := &n.io
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	keep := ok && stamp == m.pages
+	m.pages = stamp
+	return keep
 }
 
 // admit decides whether the kernel may do h's I/O itself and counts the
