@@ -51,6 +51,7 @@ type FS struct {
 	heldMu          sync.Mutex
 	held            map[*heldWriter]bool // write-opens that are or may become passthrough handles
 	kept            keptListings         // listings read part way (dirs.go)
+	pageSettle      time.Duration        // see keepPages
 }
 
 // Mount mounts eng at mountpoint and returns once the kernel serves it.
@@ -61,7 +62,7 @@ func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
 	if opts.Name == "" {
 		opts.Name = "stagefs"
 	}
-	sys := &FS{eng: eng, timeout: opts.Timeout, logf: opts.Logf, gens: map[uint64]uint64{}, held: map[*heldWriter]bool{}}
+	sys := &FS{eng: eng, timeout: opts.Timeout, logf: opts.Logf, gens: map[uint64]uint64{}, held: map[*heldWriter]bool{}, pageSettle: pageSettle()}
 	if sys.logf == nil {
 		sys.logf = func(string, ...any) {}
 	}
@@ -736,6 +737,9 @@ type handle struct {
 	// bodyIno is the inode number of the pending body a read-only handle
 	// reads (0: not known yet).
 	bodyIno uint64
+	// file is what f.Fd reads and writes, for a handle the daemon serves
+	// (see keepPages).
+	file fileID
 }
 
 var (
@@ -816,13 +820,21 @@ func (h *handle) reopen(p string) {
 	}
 	unix.Close(h.f.Fd)
 	h.f.Fd, h.f.Upper, h.bodyIno = nf.Fd, true, 0
+	if st, ok := stampOf(nf.Fd); ok {
+		h.file = st.file
+	}
 }
 
 func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	n, err := unix.Pread(h.fd(), dest, off)
+	fd := h.fd()
+	h.mu.Lock()
+	file := h.file
+	h.mu.Unlock()
+	n, err := unix.Pread(fd, dest, off)
 	if err != nil {
 		return nil, toErrno(err)
 	}
+	h.n.cachedFrom(file)
 	return fuse.ReadResultData(dest[:n]), 0
 }
 
@@ -836,6 +848,7 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	if err != nil {
 		return 0, toErrno(err)
 	}
+	h.n.cachedFrom(h.file) // a writable handle is never re-pointed
 	return uint32(n), 0
 }
 

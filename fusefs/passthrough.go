@@ -1,9 +1,12 @@
 package fusefs
 
 import (
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -53,48 +56,110 @@ type ioModes struct {
 	// that open's work twice (it is idempotent: the copy-up is done, the
 	// truncation repeated).
 	backing uint64
-	// pages describes the file whose content the kernel's page cache of
-	// this node was last allowed to hold (see keepPages); zero: unknown.
-	pages pageStamp
+	// What the kernel's page cache of this node holds (see keepPages):
+	// pages is the stamp of the file it was last allowed to fill from,
+	// zero when unknown; settled says that file's ctime was already
+	// pageSettle old when the stamp was taken; mixed says a handle on
+	// another file has read or written through the cache since.
+	pages   pageStamp
+	settled bool
+	mixed   bool
 }
 
-// pageStamp identifies one version of a file's content: a change of
-// content changes the ctime (fine-grained, since the stamp was taken
-// with a stat), and a different body is a different inode.
+// pageStamp identifies one version of a file's content: a write changes
+// the ctime, and a different body is a different inode.
 type pageStamp struct {
-	dev, ino, size, mtime, ctime int64
+	file         fileID
+	size         int64
+	mtime, ctime int64
 }
+
+// fileID names one file (not one version of it).
+type fileID struct{ dev, ino uint64 }
 
 func stampOf(fd int) (pageStamp, bool) {
 	var st unix.Stat_t
 	if unix.Fstat(fd, &st) != nil {
 		return pageStamp{}, false
 	}
-	return pageStamp{dev: int64(st.Dev), ino: int64(st.Ino), size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano()}, true
+	return pageStamp{file: fileID{st.Dev, st.Ino}, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano()}, true
 }
 
-// keepPages says whether a read-only open served by the daemon may keep
-// the pages the kernel cached for the node (FOPEN_KEEP_CACHE): only when
-// they were read from the very file this open reads, unchanged since.
-// Without it the kernel drops a file's pages at every open, so each
-// `cat`, compiler or `git` read of an unchanged workspace file went to the
-// daemon again. Every other open forgets the stamp, so pages read before
-// a passthrough open, a write through the daemon or a copy-up are never
-// kept: passthrough I/O bypasses this page cache. Commit, discard,
-// restore and workspace events drop the pages themselves (Invalidate,
-// watcher).
+// pageSettle is how old a file's ctime must be before the kernel may keep
+// its pages across opens. Writes through a shared mmap change the ctime
+// only at the first write to a clean page; the page stays writable, and
+// later writes unseen, until writeback cleans it, at most
+// dirty_expire_centisecs + dirty_writeback_centisecs later. The same rule
+// covers kernels and file systems whose timestamps are coarse (a rewrite
+// within one tick keeps the ctime). STAGEFS_PAGE_SETTLE overrides it
+// (tests).
+func pageSettle() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("STAGEFS_PAGE_SETTLE")); err == nil && d >= 0 {
+		return d
+	}
+	settle := time.Second
+	for _, name := range []string{"dirty_expire_centisecs", "dirty_writeback_centisecs"} {
+		cs := 3000 // the kernel's defaults, the larger one
+		if b, err := os.ReadFile("/proc/sys/vm/" + name); err == nil {
+			if v, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && v >= 0 {
+				cs = v
+			}
+		}
+		settle += time.Duration(cs) * 10 * time.Millisecond
+	}
+	return settle
+}
+
+// keepPages says whether this open may keep the pages the kernel cached
+// for the node (FOPEN_KEEP_CACHE). Without it the kernel drops a file's
+// pages at every open, so each `cat`, compiler or `git` read of an
+// unchanged workspace file went to the daemon again. Only a read-only
+// open the daemon serves keeps them, and only when they can hold nothing
+// but this file's bytes as they are: they were filled after an open of
+// the very same file version (the stamp), whose ctime was settled then,
+// and no handle on another file (one still open on a discarded or
+// replaced body) has read or written through them since. Every other
+// open forgets the stamp; passthrough I/O bypasses this cache. Commit,
+// discard, restore and workspace events drop the pages themselves
+// (Invalidate, watcher).
 func (n *node) keepPages(h *handle) bool {
+	served := !h.passthrough
 	var stamp pageStamp
 	ok := false
-	if !h.passthrough && !h.f.Writable {
+	if served {
 		stamp, ok = stampOf(h.f.Fd)
+		h.file = stamp.file
 	}
+	readOnly := served && ok && !h.f.Writable
 	m := &n.io
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	keep := ok && stamp == m.pages
-	m.pages = stamp
+	keep := readOnly && stamp == m.pages && m.settled && !m.mixed
+	if served && !keep {
+		// The kernel drops the node's pages at this open: what it
+		// caches from now on is read after it.
+		m.mixed = false
+	}
+	switch {
+	case keep:
+	case readOnly:
+		m.pages = stamp
+		m.settled = time.Since(time.Unix(0, stamp.ctime)) >= n.sys.pageSettle
+	default:
+		m.pages, m.settled = pageStamp{}, false
+	}
 	return keep
+}
+
+// cachedFrom notes that a handle on file moved bytes through the node's
+// page cache (a READ or WRITE the daemon served).
+func (n *node) cachedFrom(file fileID) {
+	m := &n.io
+	m.mu.Lock()
+	if file != m.pages.file {
+		m.mixed = true
+	}
+	m.mu.Unlock()
 }
 
 // admit decides whether the kernel may do h's I/O itself and counts the

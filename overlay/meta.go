@@ -120,7 +120,7 @@ type meta struct {
 	// directory's inode number survives its renames, so the entries in
 	// it keep matching.
 	Dir     uint64 `json:"pd,omitempty"`
-	NameSum uint32 `json:"-"`
+	NameSum uint64 `json:"-"`
 	// Was is what the entry was at its old place, written with the meta
 	// for its new place by a rename: if a crash stops the rename before
 	// the move, start-up finds the entry at the old place and puts this

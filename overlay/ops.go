@@ -1306,6 +1306,11 @@ func (e *Engine) Setattr(p string, fd int, a SetAttr, c Caller) (*syscall.Stat_t
 	c = e.named(c)
 	staged := true
 	st, err := underLock(e, func() (*syscall.Stat_t, error) {
+		// A denied path is refused (and journaled as denied) even when
+		// the call would change nothing.
+		if err := e.checkDeny(c, p); err != nil {
+			return nil, err
+		}
 		if st, ok := e.unchangedBy(p, a); ok {
 			staged = false
 			return st, nil

@@ -34,6 +34,10 @@ func TestPolicyDenyAndHide(t *testing.T) {
 	require.ErrorIs(t, h.e.Rename(".git", "git2", 0, caller), syscall.EACCES, "moving a denied path's parent")
 	_, err = h.e.Setattr(".git/config", -1, overlay.SetAttr{Mode: u32(0o777)}, caller)
 	require.ErrorIs(t, err, syscall.EACCES)
+	// A chmod to the mode it has would change nothing, and is refused all
+	// the same: a denied path takes no change of any kind.
+	_, err = h.e.Setattr(".git/config", -1, overlay.SetAttr{Mode: u32(0o644)}, caller)
+	require.ErrorIs(t, err, syscall.EACCES)
 	require.ErrorIs(t, h.e.Setxattr(".git/config", "user.x", []byte("1"), 0, caller), syscall.EACCES)
 	// The host's own edits are the agent's too, even without a pid.
 	host := overlay.Caller{Host: true}

@@ -178,6 +178,7 @@ type mountConfig struct {
 	stateRel string            // state dir relative to base (default "st")
 	extra    []string          // extra mount flags
 	bin      string            // the stagefs binary (default stagefsBin)
+	env      []string          // added to the environment of mount (and so the daemon)
 }
 
 func withFiles(files map[string]string) mountOption {
@@ -209,6 +210,11 @@ func withBinary(bin string) mountOption {
 
 func withMountFlags(flags ...string) mountOption {
 	return func(c *mountConfig) { c.extra = append(c.extra, flags...) }
+}
+
+// withDaemonEnv adds KEY=VALUE settings to the daemon's environment.
+func withDaemonEnv(kv ...string) mountOption {
+	return func(c *mountConfig) { c.env = append(c.env, kv...) }
 }
 
 // mountSlots caps the tests running in parallel at two mounts at a time,
@@ -279,12 +285,13 @@ func mountStagefs(t *testing.T, opts ...mountOption) *stagefsMount {
 	}
 	base := shortTempDir(t)
 	m := &stagefsMount{
-		t:     t,
-		base:  base,
-		ws:    filepath.Join(base, "ws"),
-		mnt:   filepath.Join(base, "mnt"),
-		state: filepath.Join(base, cfg.stateRel),
-		bin:   cfg.bin,
+		t:        t,
+		base:     base,
+		ws:       filepath.Join(base, "ws"),
+		mnt:      filepath.Join(base, "mnt"),
+		state:    filepath.Join(base, cfg.stateRel),
+		bin:      cfg.bin,
+		extraEnv: cfg.env,
 	}
 	if m.bin == "" {
 		m.bin = stagefsBin
@@ -317,7 +324,7 @@ func mountStagefs(t *testing.T, opts ...mountOption) *stagefsMount {
 func (m *stagefsMount) mount(extra ...string) {
 	m.t.Helper()
 	args := append([]string{"mount", m.ws, m.mnt, "--state", m.state}, extra...)
-	r := runIn(m.t, cmdSpec{}, m.bin, args...)
+	r := runIn(m.t, cmdSpec{env: m.extraEnv}, m.bin, args...)
 	if r.code != 0 {
 		m.t.Fatalf("stagefs mount failed (exit %d): %s%s\n%s", r.code, r.stdout, r.stderr, m.daemonLog())
 	}
