@@ -313,13 +313,21 @@ func (n *node) found(ctx context.Context, p string, st *syscall.Stat_t, err erro
 }
 
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	if h, ok := asHandle(f); ok {
+	// go-fuse hands a GETATTR without a handle one of the node's open
+	// handles, which is quick to fstat, unless that handle holds a body
+	// the path no longer shows (discarded or committed): then the node's
+	// attributes are the path's, not those of what the handle holds.
+	h, isHandle := asHandle(f)
+	if isHandle && !h.leftBehind() {
 		return h.Getattr(ctx, out)
 	}
 	p := n.path()
 	st, err := n.sys.eng.Stat(p)
 	if err != nil {
 		if err == syscall.ENOENT {
+			if isHandle {
+				return h.Getattr(ctx, out) // fstat of a file removed while open
+			}
 			// The node was removed under an open reference.
 			return syscall.ESTALE
 		}
@@ -876,6 +884,15 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	h.n.release(h)
 	h.sys.unhold(h.hold)
 	return 0
+}
+
+// leftBehind reports whether h holds a pending body that its path no
+// longer shows (discard or commit took it away while h stayed open).
+func (h *handle) leftBehind() bool {
+	h.mu.Lock()
+	upper := h.f.Upper
+	h.mu.Unlock()
+	return upper && !h.sys.eng.IsStaged(h.n.path())
 }
 
 func (h *handle) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {

@@ -94,6 +94,16 @@ func TestDiscardedBodyReadLaterStaysOutOfNewOpens(t *testing.T) {
 			if head[0] != 'A' {
 				t.Fatalf("after discard the file reads %q", head[:8])
 			}
+			// The read made the kernel ask for the attributes again: they
+			// are the workspace file's, not those of the body the old
+			// handle still holds (removed, so without a link).
+			var st syscall.Stat_t
+			if err := syscall.Stat(m.in("f"), &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.Nlink != 1 {
+				t.Errorf("stat after discard, while a handle on the discarded body is open: %d links, want the workspace file's 1", st.Nlink)
+			}
 			// The old handle reads on, past what the new open read.
 			if _, err := old.ReadAt(make([]byte, 1<<20), 3<<20); err != nil {
 				t.Fatal(err)
