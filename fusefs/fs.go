@@ -789,11 +789,17 @@ func asHandle(f fs.FileHandle) (*handle, bool) {
 // pending body at the body that replaced it (a patch, write or restore
 // swaps whole bodies by rename), as every open of the file now reads.
 func (h *handle) fd() int {
+	fd, _ := h.target()
+	return fd
+}
+
+// target is fd, with the file the descriptor reads (see keepPages).
+func (h *handle) target() (int, fileID) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	gen := h.sys.eng.CopyGeneration()
 	if h.f.Writable || gen == h.f.Gen {
-		return h.f.Fd
+		return h.f.Fd, h.file
 	}
 	p := h.n.path()
 	switch {
@@ -813,7 +819,7 @@ func (h *handle) fd() int {
 		}
 	}
 	h.f.Gen = gen
-	return h.f.Fd
+	return h.f.Fd, h.file
 }
 
 // reopen points the read-only handle at p's pending body now.
@@ -834,10 +840,7 @@ func (h *handle) reopen(p string) {
 }
 
 func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	fd := h.fd()
-	h.mu.Lock()
-	file := h.file
-	h.mu.Unlock()
+	fd, file := h.target()
 	n, err := unix.Pread(fd, dest, off)
 	if err != nil {
 		return nil, toErrno(err)
