@@ -801,6 +801,11 @@ func (e *Engine) baseStat(l loc) *syscall.Stat_t {
 func (e *Engine) Stat(p string) (*syscall.Stat_t, error) {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
+	return e.statLocked(p)
+}
+
+// statLocked is Stat for a caller holding the engine's lock.
+func (e *Engine) statLocked(p string) (*syscall.Stat_t, error) {
 	l, err := e.locate(p)
 	if err != nil {
 		return nil, err

@@ -144,51 +144,41 @@ type metaReader struct {
 }
 
 func (r *metaReader) uvarint() uint64 {
-	if r.err != nil {
-		return 0
-	}
 	v, n := binary.Uvarint(r.b)
-	if n <= 0 {
-		r.err = errShortMeta
-		return 0
-	}
-	r.b = r.b[n:]
-	return v
-}
-
-func (r *metaReader) uint64() uint64 {
-	if r.err != nil {
-		return 0
-	}
-	if len(r.b) < 8 {
-		r.err = errShortMeta
-		return 0
-	}
-	v := binary.LittleEndian.Uint64(r.b)
-	r.b = r.b[8:]
+	r.skip(n)
 	return v
 }
 
 func (r *metaReader) varint() int64 {
-	if r.err != nil {
+	v, n := binary.Varint(r.b)
+	r.skip(n)
+	return v
+}
+
+func (r *metaReader) uint64() uint64 {
+	if len(r.b) < 8 {
+		r.skip(0)
 		return 0
 	}
-	v, n := binary.Varint(r.b)
+	v := binary.LittleEndian.Uint64(r.b)
+	r.skip(8)
+	return v
+}
+
+// skip moves past a field of n bytes; n <= 0 (a field that does not
+// fit) is the sticky error. After an error every field reads as 0.
+func (r *metaReader) skip(n int) {
 	if n <= 0 {
-		r.err = errShortMeta
-		return 0
+		r.err, r.b = errShortMeta, nil
+		return
 	}
 	r.b = r.b[n:]
-	return v
 }
 
 func (r *metaReader) string() string {
 	n := r.uvarint()
-	if r.err != nil {
-		return ""
-	}
 	if n > uint64(len(r.b)) {
-		r.err = errShortMeta
+		r.skip(0)
 		return ""
 	}
 	s := string(r.b[:n])

@@ -1339,21 +1339,10 @@ func (e *Engine) Setattr(p string, fd int, a SetAttr, c Caller) (*syscall.Stat_t
 // never a no-op (it sets the mtime even to the same size), nor a chown
 // of a set-id file (chown clears those bits), nor a time set to "now".
 func (e *Engine) unchangedBy(p string, a SetAttr) (*syscall.Stat_t, bool) {
-	if a.Size != nil || e.isHidden(p) {
+	if a.Size != nil {
 		return nil, false
 	}
-	var st *syscall.Stat_t
-	var err error
-	if e.mode == Immediate {
-		if st, err = e.base.lstat(p); err == nil {
-			st.Ino = e.baseIno(st)
-		}
-	} else {
-		var l loc
-		if l, err = e.locate(p); err == nil {
-			st, err = e.statLoc(p, l)
-		}
-	}
+	st, err := e.statLocked(p)
 	if err != nil {
 		return nil, false
 	}
