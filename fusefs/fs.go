@@ -402,20 +402,22 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 // newHandle admits an open file f of n (see passthrough.go), or closes it.
 func (n *node) newHandle(p string, f *overlay.File, hold *heldWriter, c overlay.Caller) (fs.FileHandle, uint32, syscall.Errno) {
 	h := &handle{sys: n.sys, n: n, f: f, path: p}
-	// A read-only handle needs no FLUSH at close(2): Flush does nothing
-	// here (locks are the kernel's) and the file has no writes of its own
-	// to push, so skipping it saves a round trip per close. A writable
-	// one keeps it: before sending it the kernel writes back the pages
-	// dirtied through shared mmaps, so they are in the pending body when
-	// close returns.
-	var openFlags uint32
-	if !f.Writable {
-		openFlags = fuse.FOPEN_NOFLUSH
-	}
 	if errno := n.admit(h); errno != 0 {
 		n.sys.unhold(hold)
 		n.sys.eng.Release(p, f, c)
 		return nil, 0, errno
+	}
+	// A handle with nothing of its own to push needs no FLUSH at
+	// close(2), whose round trip Flush would answer doing nothing (locks
+	// are the kernel's): a read-only one, and a passthrough one, whose
+	// writes and shared mmaps go to the upper file itself (a bash
+	// redirect closes twice: two round trips saved per created file). A
+	// writable handle the daemon serves keeps it: before sending it the
+	// kernel writes back the pages dirtied through shared mmaps, so they
+	// are in the pending body when close returns.
+	var openFlags uint32
+	if !f.Writable || h.passthrough {
+		openFlags = fuse.FOPEN_NOFLUSH
 	}
 	if n.keepPages(h) {
 		openFlags |= fuse.FOPEN_KEEP_CACHE

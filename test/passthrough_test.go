@@ -6,8 +6,10 @@ import (
 	"crypto/rand"
 	"fmt"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -268,4 +270,73 @@ func TestSnapshotCapturesHeldWriter(t *testing.T) {
 	assertFile(t, m.in("staged.txt"), "staged\n")
 	assertFile(t, m.inWS("log.txt"), "workspace\n")
 	assertFile(t, m.inWS("staged.txt"), "base\n")
+}
+
+// TestWritableClosesFlushOnlyWhenServed checks which closes reach the
+// daemon as FLUSH. A passthrough handle needs none (its writes and shared
+// mmaps go to the upper file itself), so a shell redirect, which closes
+// its file twice, costs no round trip at close. A writable handle the
+// daemon serves keeps its FLUSH: the kernel writes back the pages a
+// shared mmap dirtied before sending it. In both, what a shared mmap
+// wrote is in the pending body once the file is closed and unmapped.
+func TestWritableClosesFlushOnlyWhenServed(t *testing.T) {
+	if !passthroughAvailable() {
+		t.Skip("FUSE passthrough needs root and Linux 6.9+")
+	}
+	parallel(t)
+	flush := regexp.MustCompile(`rx \d+: FLUSH `)
+	for _, tc := range []struct {
+		name  string
+		flags []string
+	}{
+		{"passthrough", []string{"--debug"}},
+		{"no-passthrough", []string{"--debug", "--no-passthrough"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := mountStagefs(t, withFiles(map[string]string{"keep.txt": "workspace\n"}), withMountFlags(tc.flags...))
+			if tc.name == "passthrough" {
+				requirePassthrough(t, m)
+			}
+			// go-fuse closes a file of its own at mount time.
+			before := len(flush.FindAllString(m.daemonLog(), -1))
+			sh(t, m.mnt, "echo one > a.txt && echo two >> a.txt && cp keep.txt b.txt")
+			f, err := os.OpenFile(m.in("mapped.bin"), os.O_RDWR|os.O_CREATE, 0o644)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Truncate(8192); err != nil {
+				t.Fatal(err)
+			}
+			mem, err := syscall.Mmap(int(f.Fd()), 0, 8192, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+			if err != nil {
+				t.Fatal(err)
+			}
+			copy(mem[4096:], "written through a shared mapping")
+			if err := f.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := syscall.Munmap(mem); err != nil {
+				t.Fatal(err)
+			}
+			flushes := len(flush.FindAllString(m.daemonLog(), -1)) - before
+			if tc.name == "passthrough" && flushes != 0 {
+				t.Errorf("closing passthrough files sent the daemon %d FLUSH requests; want none", flushes)
+			}
+			if tc.name == "no-passthrough" && flushes == 0 {
+				t.Errorf("closing files the daemon serves sent it no FLUSH; the mmap'd pages may not be written back at close")
+			}
+			assertFile(t, m.in("a.txt"), "one\ntwo\n")
+			assertFile(t, m.in("b.txt"), "workspace\n")
+			m.mustCLI("commit")
+			assertFile(t, m.inWS("a.txt"), "one\ntwo\n")
+			assertFile(t, m.inWS("b.txt"), "workspace\n")
+			b, err := os.ReadFile(m.inWS("mapped.bin"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := "written through a shared mapping"; len(b) != 8192 || string(b[4096:4096+len(want)]) != want {
+				t.Errorf("the committed file has %d bytes and not the mmap'd text at 4096: %q", len(b), b[4096:4096+40])
+			}
+		})
+	}
 }
