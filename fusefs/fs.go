@@ -318,10 +318,21 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 	// the path no longer shows (discarded or committed): then the node's
 	// attributes are the path's, not those of what the handle holds.
 	h, isHandle := asHandle(f)
-	if isHandle && !h.leftBehind() {
-		return h.Getattr(ctx, out)
-	}
 	p := n.path()
+	if isHandle && !h.leftBehind() {
+		if errno := h.Getattr(ctx, out); errno != 0 {
+			return errno
+		}
+		// An answer equal to what the path shows may be cached as long
+		// as the path's own would be. Without this a file's attributes
+		// expired a second after each fstat of an open file (tar's,
+		// after reading it): every later stat (find, a rebuild) was a
+		// round trip again.
+		if st, err := n.sys.eng.Stat(p); err == nil && sameAttr(&out.Attr, st) {
+			out.SetTimeout(n.sys.attrTimeout(p, st))
+		}
+		return 0
+	}
 	st, err := n.sys.eng.Stat(p)
 	if err != nil {
 		if err == syscall.ENOENT {
@@ -336,6 +347,14 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 	out.FromStat(st)
 	out.SetTimeout(n.sys.attrTimeout(p, st))
 	return 0
+}
+
+// sameAttr reports whether a, an answer for a node, says the same as st,
+// the engine's stat of its path, inode number included.
+func sameAttr(a *fuse.Attr, st *syscall.Stat_t) bool {
+	var b fuse.Attr
+	b.FromStat(st)
+	return *a == b
 }
 
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {

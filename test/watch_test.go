@@ -3,9 +3,11 @@ package test
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -201,5 +203,49 @@ func TestWorkspaceEditsAfterRenameThroughMount(t *testing.T) {
 	}
 	if !waitFor(3*time.Second, check) {
 		t.Fatalf("edits in the workspace's original of a directory renamed in the mount did not show within 3s (--cache-timeout 30s)")
+	}
+}
+
+// The attributes the kernel gets from an fstat of an open file (tar's,
+// after it read the file) are cached as long as a stat of the path would
+// be: a later stat of the same file (find, a rebuild) is not a round trip
+// again once --cache-timeout has passed. A workspace edit still shows at
+// once.
+func TestFstatOfOpenFileKeepsTheLongCache(t *testing.T) {
+	parallel(t)
+	getattr := regexp.MustCompile(`rx \d+: GETATTR `)
+	m := mountStagefs(t, withFiles(map[string]string{"a.txt": "workspace\n", "d/b.txt": "deeper\n"}),
+		withMountFlags("--debug", "--cache-timeout", "100ms"))
+	sh(t, m.mnt, "echo staged > s.txt")
+	paths := []string{"a.txt", "d/b.txt", "s.txt"}
+	for _, p := range paths {
+		f, err := os.Open(m.in(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadAll(f); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Stat(); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	time.Sleep(300 * time.Millisecond) // past --cache-timeout
+	before := len(getattr.FindAllString(m.daemonLog(), -1))
+	for _, p := range paths {
+		if _, err := os.Lstat(m.in(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(getattr.FindAllString(m.daemonLog(), -1)) - before; n != 0 {
+		t.Errorf("stat of %d files fstat'ed open a moment before sent the daemon %d GETATTRs; want none", len(paths), n)
+	}
+	writeTree(t, m.ws, map[string]string{"a.txt": "workspace, edited\n"})
+	if !waitFor(3*time.Second, func() bool {
+		st, err := os.Lstat(m.in("a.txt"))
+		return err == nil && st.Size() == int64(len("workspace, edited\n"))
+	}) {
+		t.Errorf("a workspace edit of a.txt did not reach stat through the mount within 3 s")
 	}
 }
