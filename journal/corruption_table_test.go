@@ -1,7 +1,6 @@
 package journal
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,10 +11,8 @@ import (
 
 // TestCorruptionTable damages a real journal in the ways a crash or a bad
 // disk does, then checks, for each damage:
-//   - what Open says: a recovered journal (a torn tail: the bytes cut are
-//     exactly the damaged ones and a .broken copy holds them, less the
-//     zeros of the reserve after them), a clean one (zeros after the last
-//     record are the reserve the next records are written over),
+//   - what Open says: a recovered journal (torn or zero-filled tail: the
+//     bytes cut are exactly the damaged ones and a .broken copy holds them),
 //     or a *CorruptError naming the offset of the first damaged record and
 //     how to repair it, with the file left byte for byte as it was;
 //   - that following the repair advice (truncate at the named offset) gives
@@ -36,9 +33,6 @@ func TestCorruptionTable(t *testing.T) {
 		corruptAt func(offs []int64, data []byte) int64
 		// survivors is how many records remain after recovery or repair.
 		survivors func(offs []int64, data []byte) int
-		// reserve: what follows the last record is the zeros reserved
-		// for the next ones, no damage at all.
-		reserve bool
 	}
 	// frameAt returns the index of the frame holding byte pos.
 	frameAt := func(offs []int64, pos int64) int {
@@ -99,15 +93,14 @@ func TestCorruptionTable(t *testing.T) {
 			corruptAt: func(offs []int64, data []byte) int64 { return offs[frameAt(offs, block)] },
 			survivors: func(offs []int64, data []byte) int { return frameAt(offs, block) },
 		},
-		"zero-filled tail after the last record (the reserve)": {
+		"zero-filled tail after the last record": {
 			apply: func(t *testing.T, data []byte, offs []int64) []byte {
 				return append(data, make([]byte, 2*block)...)
 			},
 			corruptAt: func([]int64, []byte) int64 { return -1 },
 			survivors: func(offs []int64, _ []byte) int { return len(offs) },
-			reserve:   true,
 		},
-		"zero-filled tail over the end of the last record (torn write into the reserve)": {
+		"zero-filled tail over the end of the last record (preallocated, torn write)": {
 			apply: func(t *testing.T, data []byte, offs []int64) []byte {
 				last := offs[len(offs)-1]
 				for i := last + frameHeaderLen; i < int64(len(data)); i++ {
@@ -175,12 +168,6 @@ func TestCorruptionTable(t *testing.T) {
 				j, info, err = Open(path, Options{})
 				require.NoError(t, err, "after truncating as advised")
 				require.Equal(t, RecoverInfo{Records: survivors, LastSeq: uint64(survivors)}, info)
-			} else if c.reserve {
-				require.NoError(t, err)
-				require.Equal(t, RecoverInfo{Records: survivors, LastSeq: uint64(survivors)}, info)
-				require.Equal(t, int64(len(clean)), j.Size())
-				require.Equal(t, damaged, mustRead(t, path), "the reserve is kept for the next records")
-				require.NoFileExists(t, path+".broken")
 			} else {
 				require.NoError(t, err)
 				var end int64
@@ -195,7 +182,7 @@ func TestCorruptionTable(t *testing.T) {
 				require.Equal(t, path+".broken", info.BrokenCopy)
 				broken, rerr := os.ReadFile(info.BrokenCopy)
 				require.NoError(t, rerr)
-				require.Equal(t, bytes.TrimRight(damaged[end:], "\x00"), broken, "the .broken copy holds the cut bytes, less the reserve's zeros")
+				require.Equal(t, damaged[end:], broken, "the .broken copy holds the cut bytes")
 				st, serr := os.Stat(path)
 				require.NoError(t, serr)
 				require.Equal(t, end, st.Size())

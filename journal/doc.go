@@ -29,16 +29,6 @@
 //	16      8     sequence number, uint64 little-endian, never 0
 //	24      n     payload
 //
-// While a journal is open, the file goes on past the last frame with zeros,
-// up to a multiple of 1 MiB: the reserve. Each record is written over the
-// zeros right after the previous one, so the fdatasync that makes it
-// durable writes the record's data alone; an append would change the
-// file's size and block map, which that fdatasync must then write too
-// (measured on ext4: 205 µs against 282 µs a record). A record that does
-// not fit extends the reserve by writing zeros, made durable with it.
-// Close cuts the reserve off, so a journal at rest ends with its last
-// frame; one a crash left open ends with zeros.
-//
 // The frame magic starts with 0xF5, a byte that never occurs in UTF-8 text,
 // so a frame can not appear inside a JSON payload; this keeps the "is there a
 // valid frame further on" test used by recovery (below) free of false hits
@@ -53,17 +43,14 @@
 // Open reads the frames from the start of the file and stops at the first
 // frame that can not be decoded (a short frame at the end of the file, a bad
 // magic, an impossible length, or a checksum mismatch). Let OFF be the offset
-// where that frame starts. If every byte from OFF to the end is zero, that is
-// the reserve: the log ends at OFF, cleanly, and the next record is written
-// there. Otherwise the rule, modelled on etcd's WAL, is:
+// where that frame starts. The rule, modelled on etcd's WAL, is:
 //
 //   - If no valid frame can be decoded at any offset after OFF, the bytes from
 //     OFF to the end of the file are a torn tail: a write that was cut short
-//     by a crash, or garbage that holds no record. They are copied to
-//     PATH.broken (or PATH.broken.1, .2, ... if that name is taken), less
-//     the zeros at their end (the reserve's), the copy and its directory
-//     are fsynced, and only then is the journal truncated to OFF and
-//     fsynced. RecoverInfo reports
+//     by a crash, zeros left by the file system, or garbage that holds no
+//     record. They are copied to PATH.broken (or PATH.broken.1, .2, ... if
+//     that name is taken), the copy and its directory are fsynced, and only
+//     then is the journal truncated to OFF and fsynced. RecoverInfo reports
 //     how many bytes were cut and where the copy is.
 //   - If a valid frame (one Decode accepts: magic, length and checksum all
 //     right, whatever its sequence number) starts at any offset after OFF,
@@ -85,7 +72,7 @@
 //
 // # Durability policy
 //
-// Every record is written with one pwrite(2) call while a mutex is held, so
+// Every record is written with one write(2) call while a mutex is held, so
 // frames never interleave.
 //
 //   - Append returns only after an fdatasync that started after its record

@@ -17,12 +17,6 @@ const (
 	fileVersion   = 1
 	// filePerm keeps the journal private: it describes the user's files.
 	filePerm = 0o600
-	// reserveChunk is how far the zeros reserved past the last record
-	// reach: records are written over them in place, so the fdatasync
-	// that makes one durable writes only its data, not the file's size
-	// and block map (which an append changes every time). One record in
-	// several thousand pays for the next chunk's metadata.
-	reserveChunk = 1 << 20
 )
 
 // Options tune a journal.
@@ -67,8 +61,7 @@ type Journal struct {
 	cond sync.Cond // on mu; signalled when a sync round ends or on Close
 
 	f         *os.File
-	size      int64  // bytes of records in the file, header included
-	alloc     int64  // the file's length: size plus the zeros reserved after it
+	size      int64  // bytes written to the file, header included
 	lastSeq   uint64 // last sequence number written to the file
 	syncedSeq uint64 // every record with seq <= syncedSeq is durable
 	syncing   bool   // an fdatasync is running (without mu held)
@@ -106,16 +99,16 @@ func Open(path string, opts Options) (*Journal, RecoverInfo, error) {
 	return j, info, nil
 }
 
-// openOrCreate opens path, creating it if it does not exist. Every write
-// names its offset: records go right after the last one, over the zeros
-// reserved there, not at the end of the file. The header of a new file is
-// written by recover, which treats a new file like an empty one.
+// openOrCreate opens path for appending, creating it if it does not exist.
+// O_APPEND makes every write land at the end, wherever recovery left the
+// file offset. The header of a new file is written by recover, which treats
+// a new file like an empty one.
 func openOrCreate(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		// O_EXCL is not needed: two creators both get the same empty file
 		// and the flock taken next lets only one of them use it.
-		f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE, filePerm)
+		f, err = os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, filePerm)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("journal: %w", err)
@@ -176,49 +169,20 @@ func (j *Journal) writeLocked(payload []byte) (uint64, error) {
 	}
 	seq := j.lastSeq + 1
 	frame := encodeFrame(seq, payload)
-	if end := j.size + int64(len(frame)); end > j.alloc {
-		if err := j.reserveLocked(end); err != nil {
-			return 0, err
-		}
-	}
-	n, err := j.f.WriteAt(frame, j.size)
+	n, err := j.f.Write(frame)
 	if err != nil {
-		// A failed write leaves nothing durable behind once the partial
-		// frame is cut off (with the reserve after it), so the journal
-		// can go on. Only when the cut fails does it stop, and Open cuts
-		// the torn tail then.
+		// A failed write (a full disk) leaves nothing durable behind once
+		// the partial frame is cut off, so the journal can go on when
+		// space comes back. Only when the cut fails does it stop, and
+		// Open cuts the torn tail then.
 		if terr := j.f.Truncate(j.size); terr != nil {
 			return 0, j.failLocked(fmt.Sprintf("write at offset %d", j.size), err)
 		}
-		j.alloc = j.size
 		return 0, fmt.Errorf("journal %s: write at offset %d: %w", j.path, j.size, err)
 	}
 	j.size += int64(n)
 	j.lastSeq = seq
 	return seq, nil
-}
-
-// zeroChunk is what reserveLocked writes; never written to.
-var zeroChunk = make([]byte, reserveChunk)
-
-// reserveLocked extends the file with zeros to the first chunk boundary
-// past end. The zeros become durable with the next fdatasync, the one that
-// makes the record being written durable. On a full disk the file is cut
-// back to where it was and the error returned; nothing else changed.
-func (j *Journal) reserveLocked(end int64) error {
-	to := (end/reserveChunk + 1) * reserveChunk
-	for off := j.alloc; off < to; {
-		n, err := j.f.WriteAt(zeroChunk[:min(int64(len(zeroChunk)), to-off)], off)
-		if err != nil {
-			if terr := j.f.Truncate(j.alloc); terr != nil {
-				return j.failLocked(fmt.Sprintf("reserve at offset %d", j.alloc), err)
-			}
-			return fmt.Errorf("journal %s: reserve at offset %d: %w", j.path, j.alloc, err)
-		}
-		off += int64(n)
-	}
-	j.alloc = to
-	return nil
 }
 
 // waitDurableLocked returns once every record up to seq is durable. The first
@@ -295,8 +259,7 @@ func (j *Journal) LastSeq() uint64 {
 	return j.lastSeq
 }
 
-// Size returns the number of bytes of records in the journal file, header
-// included. The file is longer: zeros are reserved after the last record.
+// Size returns the number of bytes in the journal file, header included.
 func (j *Journal) Size() int64 {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -327,12 +290,6 @@ func (j *Journal) Close() error {
 	}
 	// Wake waiters: they now see syncedSeq == lastSeq or the error.
 	j.cond.Broadcast()
-	if err == nil {
-		// A closed journal is its records alone. Were the cut lost (a
-		// crash, a failed call), the zeros left would read as the
-		// reserve they are.
-		j.f.Truncate(j.size)
-	}
 	if cerr := j.f.Close(); cerr != nil && err == nil {
 		err = fmt.Errorf("journal %s: close: %w", j.path, cerr)
 	}

@@ -443,7 +443,7 @@ func TestTornTailAtEveryOffsetOfLastFrame(t *testing.T) {
 		require.Equal(t, path+".broken", info.BrokenCopy)
 		broken, err := os.ReadFile(info.BrokenCopy)
 		require.NoError(t, err)
-		require.Equal(t, bytes.TrimRight(orig[last:cut], "\x00"), broken, "the copy holds exactly the cut bytes (but zeros at their end, which are the reserve's)")
+		require.Equal(t, orig[last:cut], broken, "the copy holds exactly the cut bytes")
 		require.Equal(t, last, j.Size())
 		st, err := os.Stat(path)
 		require.NoError(t, err)
@@ -481,10 +481,7 @@ func TestTornFirstFrameAndPartialFrameHeader(t *testing.T) {
 	}
 }
 
-// Zeros after the last record are the reserve a running journal writes
-// its next records over (a crash leaves them there): no damage, nothing
-// cut or copied, and the next record goes right after the last one.
-func TestZeroTailIsTheReserve(t *testing.T) {
+func TestZeroFilledTailIsCut(t *testing.T) {
 	path := testPath(t)
 	orig := writeJournal(t, path, 3)
 	zeros := make([]byte, 8192)
@@ -495,59 +492,13 @@ func TestZeroTailIsTheReserve(t *testing.T) {
 	require.NoError(t, f.Close())
 
 	j, info := openJournal(t, path, Options{})
-	require.Equal(t, RecoverInfo{Records: 3, LastSeq: 3}, info)
-	require.NoFileExists(t, path+".broken")
+	require.Equal(t, RecoverInfo{Records: 3, LastSeq: 3, TornBytes: int64(len(zeros)), BrokenCopy: path + ".broken"}, info)
+	broken, err := os.ReadFile(path + ".broken")
+	require.NoError(t, err)
+	require.Equal(t, zeros, broken)
 	require.Equal(t, int64(len(orig)), j.Size())
-	require.Equal(t, append(append([]byte{}, orig...), zeros...), mustRead(t, path))
 	requireRecords(t, scanAll(t, j), 3)
-	_, err = j.Append(payloadFor(4))
-	require.NoError(t, err)
 	require.NoError(t, j.Close())
-
-	data := mustRead(t, path)
-	require.Equal(t, orig, data[:len(orig)], "the records before are untouched")
-	recs := frameOffsets(t, data)
-	require.Len(t, recs, 4, "the new record follows the last one, over the zeros")
-	j, info = openJournal(t, path, Options{})
-	require.Equal(t, RecoverInfo{Records: 4, LastSeq: 4}, info)
-	requireRecords(t, scanAll(t, j), 4)
-	require.NoError(t, j.Close())
-}
-
-// While a journal is open its file holds zeros past the last record, the
-// reserve records are written over in place; closing cuts it.
-func TestReserveWhileOpen(t *testing.T) {
-	path := testPath(t)
-	j, _ := openJournal(t, path, Options{})
-	for i := 1; i <= 3; i++ {
-		_, err := j.Append(payloadFor(i))
-		require.NoError(t, err)
-	}
-	st, err := os.Stat(path)
-	require.NoError(t, err)
-	require.Equal(t, int64(reserveChunk), st.Size(), "one chunk reserved")
-	data := mustRead(t, path)
-	require.Equal(t, make([]byte, st.Size()-j.Size()), data[j.Size():], "zeros after the records")
-
-	// Records past the first chunk reserve the next one.
-	big := bytes.Repeat([]byte("r"), reserveChunk/2)
-	for i := 4; i <= 6; i++ {
-		_, err := j.Append(big)
-		require.NoError(t, err)
-	}
-	st, err = os.Stat(path)
-	require.NoError(t, err)
-	require.Greater(t, st.Size(), j.Size())
-	require.Zero(t, st.Size()%reserveChunk)
-	size := j.Size()
-	require.NoError(t, j.Close())
-	st, err = os.Stat(path)
-	require.NoError(t, err)
-	require.Equal(t, size, st.Size(), "a closed journal is its records alone")
-
-	j, info := openJournal(t, path, Options{})
-	defer j.Close()
-	require.Equal(t, RecoverInfo{Records: 6, LastSeq: 6}, info)
 }
 
 func TestGarbageTailWithoutValidFrameIsCut(t *testing.T) {

@@ -13,8 +13,7 @@ import (
 )
 
 // recover checks the file header, reads every frame, cuts a torn tail or
-// reports corruption, and leaves j.size at the end of the last valid record
-// and j.alloc at the end of the file (the zeros reserved after it).
+// reports corruption, and leaves j.size at the end of the last valid record.
 func (j *Journal) recover() (RecoverInfo, error) {
 	st, err := j.f.Stat()
 	if err != nil {
@@ -26,7 +25,6 @@ func (j *Journal) recover() (RecoverInfo, error) {
 	}
 
 	var info RecoverInfo
-	alloc := size
 	fr := newFrameReader(io.NewSectionReader(j.f, fileHeaderLen, size-fileHeaderLen), fileHeaderLen)
 	for {
 		start := fr.off
@@ -38,20 +36,10 @@ func (j *Journal) recover() (RecoverInfo, error) {
 			if !isFrameError(err) {
 				return RecoverInfo{}, fmt.Errorf("journal %s: read at offset %d: %w", j.path, start, err)
 			}
-			data, derr := dataEnd(j.f, start, size)
-			if derr != nil {
-				return RecoverInfo{}, fmt.Errorf("journal %s: read at offset %d: %w", j.path, start, derr)
-			}
-			if data == start {
-				// Zeros to the end: the reserve, where nothing was
-				// written yet.
-				size = start
-				break
-			}
 			if err := j.handleDamage(start, size, err, &info); err != nil {
 				return RecoverInfo{}, err
 			}
-			size, alloc = start, start
+			size = start
 			break
 		}
 		if want := info.LastSeq + 1; rec.Seq != want {
@@ -64,7 +52,7 @@ func (j *Journal) recover() (RecoverInfo, error) {
 		info.Records++
 		info.LastSeq = rec.Seq
 	}
-	j.size, j.alloc = size, alloc
+	j.size = size
 
 	// The records may sit only in the page cache of a process that crashed;
 	// make them durable before they are reported as such.
@@ -105,7 +93,7 @@ func (j *Journal) prepareHeader(size int64) (int64, error) {
 			return 0, fmt.Errorf("journal %s: %w", j.path, err)
 		}
 	}
-	if _, err := j.f.WriteAt(fileHeader[:], 0); err != nil {
+	if _, err := j.f.Write(fileHeader[:]); err != nil {
 		return 0, fmt.Errorf("journal %s: write header: %w", j.path, err)
 	}
 	if err := j.fsync("header", j.f.Sync); err != nil {
@@ -122,30 +110,6 @@ func (j *Journal) prepareHeader(size int64) (int64, error) {
 func (j *Journal) foreignError(got []byte) error {
 	return fmt.Errorf("journal %s: not a stagefs journal (file starts with %q, want %q); refusing to use it",
 		j.path, got, fileHeader[:])
-}
-
-// dataEnd returns the offset just past the last byte of f in [off, size)
-// that is not zero (off when there is none).
-func dataEnd(f *os.File, off, size int64) (int64, error) {
-	buf := make([]byte, 64<<10)
-	end := off
-	for pos := off; pos < size; {
-		n, err := f.ReadAt(buf[:min(int64(len(buf)), size-pos)], pos)
-		for i := n - 1; i >= 0; i-- {
-			if buf[i] != 0 {
-				end = pos + int64(i) + 1
-				break
-			}
-		}
-		if err != nil && err != io.EOF {
-			return 0, err
-		}
-		if n == 0 {
-			break
-		}
-		pos += int64(n)
-	}
-	return end, nil
 }
 
 // handleDamage decides what the undecodable frame at off is. If a valid frame
@@ -165,12 +129,7 @@ func (j *Journal) handleDamage(off, size int64, cause error, info *RecoverInfo) 
 		}
 	}
 
-	// The zeros after the damaged bytes are the reserve, not data.
-	data, err := dataEnd(j.f, off, size)
-	if err != nil {
-		return fmt.Errorf("journal %s: %w", j.path, err)
-	}
-	broken, err := j.saveBroken(off, data)
+	broken, err := j.saveBroken(off, size)
 	if err != nil {
 		return err
 	}
