@@ -24,11 +24,15 @@ import (
 const WatchedTimeout = time.Minute
 
 // watchMask is what a watched directory reports: entries made, removed or
-// moved, attribute changes (chmod, touch) and files closed after writing.
-// Each write(2) (IN_MODIFY) is not reported: a file's new content is seen
-// when its writer closes it, or after WatchedTimeout if it never does.
+// moved, attribute changes (chmod, touch), writes and files closed after
+// writing. Writes count because a writer outside may keep its file open
+// (a log): a reader in the mount (tail -f) must see the file grow, and
+// the attributes an fstat of its open file returns are cached as long as
+// a stat's. inotify merges a run of writes to one file that the daemon
+// has not read yet into one event. Writes through a shared mmap are not
+// reported (see keepPages for what covers them).
 const watchMask = unix.IN_CREATE | unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_MOVED_TO |
-	unix.IN_ATTRIB | unix.IN_CLOSE_WRITE | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF |
+	unix.IN_ATTRIB | unix.IN_MODIFY | unix.IN_CLOSE_WRITE | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF |
 	unix.IN_ONLYDIR | unix.IN_EXCL_UNLINK
 
 // watcher keeps the kernel's caches right when the workspace is changed

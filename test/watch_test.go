@@ -249,3 +249,49 @@ func TestFstatOfOpenFileKeepsTheLongCache(t *testing.T) {
 		t.Errorf("a workspace edit of a.txt did not reach stat through the mount within 3 s")
 	}
 }
+
+// A process outside the mount appends to a workspace file it keeps open
+// (a log): a reader in the mount that holds the file open too (tail -f)
+// sees it grow at once, by fstat, by reading on and by stat of the path,
+// although the kernel caches attributes for 30 s here.
+func TestWorkspaceAppendsReachOpenReaders(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"log.txt": "one\n"}), withMountFlags("--cache-timeout", "30s"))
+	r, err := os.Open(m.in("log.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if b, err := io.ReadAll(r); err != nil || string(b) != "one\n" {
+		t.Fatalf("first read: %q %v", b, err)
+	}
+	if st, err := r.Stat(); err != nil || st.Size() != 4 {
+		t.Fatalf("fstat before the append: %v %v", st, err)
+	}
+	if _, err := os.Lstat(m.in("log.txt")); err != nil {
+		t.Fatal(err)
+	}
+	w, err := os.OpenFile(m.inWS("log.txt"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := w.WriteString("two\n"); err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	var fsize, psize int64
+	if !waitFor(3*time.Second, func() bool {
+		if st, err := r.Stat(); err == nil {
+			fsize = st.Size()
+		}
+		if st, err := os.Lstat(m.in("log.txt")); err == nil {
+			psize = st.Size()
+		}
+		b, _ := io.ReadAll(r)
+		got = append(got, b...)
+		return fsize == 8 && psize == 8 && string(got) == "two\n"
+	}) {
+		t.Errorf("3 s after an append outside, with the writer still open: fstat size %d, stat size %d, read on %q; want 8, 8, %q", fsize, psize, got, "two\n")
+	}
+}
