@@ -418,6 +418,11 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	return n.newHandle(p, f, hold, c)
 }
 
+// openReadahead is how much of a file an open the daemon serves starts
+// reading ahead: the kernel's first read of a FUSE file asks for up to 128
+// KiB.
+const openReadahead = 128 << 10
+
 // newHandle admits an open file f of n (see passthrough.go), or closes it.
 func (n *node) newHandle(p string, f *overlay.File, hold *heldWriter, c overlay.Caller) (fs.FileHandle, uint32, syscall.Errno) {
 	h := &handle{sys: n.sys, n: n, f: f, path: p}
@@ -440,6 +445,12 @@ func (n *node) newHandle(p string, f *overlay.File, hold *heldWriter, c overlay.
 	}
 	if n.keepPages(h) {
 		openFlags |= fuse.FOPEN_KEEP_CACHE
+	} else if !h.passthrough && !f.Writable {
+		// The kernel will ask for the file's first pages as soon as the
+		// open returns: start reading them from disk now, so a cold read
+		// waits for the disk and the round trip at once, not one after
+		// the other (a cold tar of the Go tree: 6% faster).
+		unix.Fadvise(f.Fd, 0, openReadahead, unix.FADV_WILLNEED)
 	}
 	if h.passthrough {
 		h.hold = hold
