@@ -179,6 +179,42 @@ func TestToolTar(t *testing.T) {
 	}
 }
 
+// Reading a tree through the mount, its stats stay what they were when
+// the reader first saw them: tar compares each file's stat before and after
+// reading it and fails with "file changed as we read it" when they differ.
+// The tree holds workspace files (served by the daemon, their attributes
+// cached from READDIRPLUS, then from the fstat after the read) and staged
+// ones (passed through), read twice over (cold and cached).
+func TestTarReadsAStableTree(t *testing.T) {
+	parallel(t)
+	requireTool(t, "tar")
+	m := mountStagefs(t)
+	src := filepath.Join(goRoot(t), "src")
+	if _, err := os.Stat(filepath.Join(src, "go", "ast")); err != nil {
+		t.Skipf("no Go source tree to tar: %v", err)
+	}
+	tmp := t.TempDir()
+	tarball := filepath.Join(tmp, "src.tar")
+	mustRun(t, cmdSpec{dir: src}, "tar", "-cf", tarball, "go", "strings", "fmt")
+	for _, d := range []string{filepath.Join(m.ws, "pre"), m.in("new")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		mustRun(t, cmdSpec{dir: d}, "tar", "-xf", tarball)
+	}
+	out := filepath.Join(tmp, "out.tar")
+	for round := 1; round <= 2; round++ {
+		r := runIn(t, cmdSpec{dir: m.mnt}, "tar", "-cf", out, ".")
+		if r.code != 0 || r.stderr != "" {
+			t.Fatalf("round %d: tar -c of the mount: %s", round, r)
+		}
+		list := mustRun(t, cmdSpec{}, "tar", "-tf", out)
+		if n := strings.Count(list, "\n"); n < 600 {
+			t.Fatalf("round %d: the archive has only %d entries", round, n)
+		}
+	}
+}
+
 // An archive made with "tar -cf A ." holds "./": extracting it into the
 // mount's root sets the root's times (and mode and owner, unchanged here).
 // The root is the workspace's own directory, so nothing may reach the
