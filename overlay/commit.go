@@ -120,6 +120,7 @@ type commitRun struct {
 	failed   map[string]bool   // paths that did not commit; their descendants wait
 
 	movedAway map[string]bool         // workspace paths a directory rename of this commit emptied
+	dirsMade  map[string]bool         // directories applyDir has made or updated in this commit
 	pending   []preparedFile          // files written under temporary names
 	prepared  map[uint64]preparedFile // upper inode -> its first prepared name (hard links)
 
@@ -130,7 +131,7 @@ type commitRun struct {
 }
 
 func (e *Engine) commitLocked(sel []string, force, recovering bool) CommitResult {
-	r := &commitRun{e: e, force: force, recovering: recovering, syncDir: map[string]bool{}, linked: map[uint64]string{}, failed: map[string]bool{}, prepared: map[uint64]preparedFile{}, movedAway: map[string]bool{}}
+	r := &commitRun{e: e, force: force, recovering: recovering, syncDir: map[string]bool{}, linked: map[uint64]string{}, failed: map[string]bool{}, prepared: map[uint64]preparedFile{}, movedAway: map[string]bool{}, dirsMade: map[string]bool{}}
 	if recovering {
 		r.resumeMovesAside(sel)
 	}
@@ -174,14 +175,29 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool) CommitResult
 	// by moving one source aside under a temporary name first.
 	for len(redirects) > 0 {
 		var waiting []string
+		movedOwn := false
 		for _, p := range redirects {
 			if r.blockedBy(p, redirects) != "" {
 				waiting = append(waiting, p)
 				continue
 			}
+			// A directory renamed to below its own old place (mkdir n;
+			// mv d n/d; mv n d) cannot be moved into itself: it goes
+			// aside first and waits a round, for its old place to be
+			// made anew, or renamed into, before it moves in.
+			if src := e.index[p].Redirect; p != src && isUnder(p, src) {
+				if err := r.moveAside(src); err != nil {
+					r.failed[p] = true
+					r.res.Failed = append(r.res.Failed, Failure{Path: p, Reason: err.Error()})
+					continue
+				}
+				movedOwn = true
+				waiting = append(waiting, p)
+				continue
+			}
 			r.applyRedirectStep(p, inSel)
 		}
-		if len(waiting) == len(redirects) {
+		if !movedOwn && len(waiting) == len(redirects) {
 			if err := r.moveAside(r.blockedBy(waiting[0], waiting)); err != nil {
 				for _, p := range waiting {
 					r.failed[p] = true
@@ -687,6 +703,12 @@ func (r *commitRun) removeReplaced(p string, st *syscall.Stat_t) error {
 
 func (r *commitRun) applyDir(p string, m *meta) error {
 	e := r.e
+	if r.dirsMade[p] {
+		// Made already as the parent of a renamed directory: checked
+		// again, the new directory is not the workspace's old one its
+		// baseline describes.
+		return nil
+	}
 	ust, err := e.upper.lstat(p)
 	if err != nil {
 		return err
@@ -720,7 +742,11 @@ func (r *commitRun) applyDir(p string, m *meta) error {
 		if err := unix.Fchownat(dirfd, name, int(ust.Uid), int(ust.Gid), unix.AT_SYMLINK_NOFOLLOW); err != nil && err != unix.EPERM {
 			return err
 		}
-		return unix.Fchmodat(dirfd, name, ust.Mode&0o7777, 0)
+		if err := unix.Fchmodat(dirfd, name, ust.Mode&0o7777, 0); err != nil {
+			return err
+		}
+		r.dirsMade[p] = true
+		return nil
 	})
 }
 

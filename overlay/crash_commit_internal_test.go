@@ -171,6 +171,70 @@ func TestCrashInCommitOfDirectorySwap(t *testing.T) {
 	}
 }
 
+// A directory renamed to below its own old place cannot be moved there in
+// one step (the workspace refuses to move a directory into itself): the
+// commit moves it aside first, then makes its old place (a new directory,
+// or another directory renamed there) and moves it in. Committed whole,
+// and after a crash at each step.
+func TestCommitOfRenameIntoItsOwnPlace(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		stage func(e *Engine)
+		want  map[string]string   // file -> content, in the view and the workspace
+		names map[string][]string // directory -> its names in the workspace
+	}{
+		{
+			name: "new parent", // mkdir n; mv d n/d; mv n d
+			stage: func(e *Engine) {
+				_, err := e.Mkdir("n", 0o755, Caller{})
+				require.NoError(t, err)
+				require.NoError(t, e.Rename("d", "n/d", 0, Caller{}))
+				require.NoError(t, e.Rename("n", "d", 0, Caller{}))
+			},
+			want:  map[string]string{"d/d/from-d": "d\n", "e/from-e": "e\n"},
+			names: map[string][]string{"": {"d", "e"}, "d": {"d"}},
+		},
+		{
+			name: "renamed parent", // mv d e/d; mv e d
+			stage: func(e *Engine) {
+				require.NoError(t, e.Rename("d", "e/d", 0, Caller{}))
+				require.NoError(t, e.Rename("e", "d", 0, Caller{}))
+			},
+			want:  map[string]string{"d/d/from-d": "d\n", "d/from-e": "e\n"},
+			names: map[string][]string{"": {"d"}, "d": {"d", "from-e"}},
+		},
+	} {
+		for _, point := range []string{"none", "commit-move-aside", "commit-moved-aside"} {
+			t.Run(tc.name+"/"+point, func(t *testing.T) {
+				ws, state := t.TempDir(), t.TempDir()
+				for _, d := range []string{"d", "e"} {
+					require.NoError(t, os.Mkdir(filepath.Join(ws, d), 0o755))
+					require.NoError(t, os.WriteFile(filepath.Join(ws, d, "from-"+d), []byte(d+"\n"), 0o644))
+				}
+				e := crashEngine(t, ws, state, point)
+				tc.stage(e)
+				for p, content := range tc.want {
+					require.Equal(t, content, readView(t, e, p), "staged view of %s", p)
+				}
+				var res CommitResult
+				if point == "none" {
+					res = e.Commit(nil, false, Caller{})
+				} else {
+					e, res = crashCommit(t, e, point)
+				}
+				requireAllCommitted(t, e, res)
+				for p, content := range tc.want {
+					require.Equal(t, content, readWorkspace(t, ws, p), "workspace %s", p)
+					require.Equal(t, content, readView(t, e, p), "view of %s", p)
+				}
+				for dir, names := range tc.names {
+					require.Equal(t, names, workspaceNames(t, ws, dir), "workspace dir %q", dir)
+				}
+			})
+		}
+	}
+}
+
 // H. A directory that replaces a workspace file (and a file that replaces
 // a workspace directory) is committed by removing the old entry first. A
 // crash after that removal, or after the new entry was made, is finished
