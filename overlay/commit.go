@@ -177,7 +177,9 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool) CommitResult
 		var waiting []string
 		movedOwn := false
 		for _, p := range redirects {
-			if r.blockedBy(p, redirects) != "" {
+			// A rename below one that waits waits too: its new parent
+			// is not in place yet (redirects run shallowest first).
+			if r.blockedBy(p, redirects) != "" || underAny(p, waiting) {
 				waiting = append(waiting, p)
 				continue
 			}
@@ -185,10 +187,9 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool) CommitResult
 			// mv d n/d; mv n d) cannot be moved into itself: it goes
 			// aside first and waits a round, for its old place to be
 			// made anew, or renamed into, before it moves in.
-			if src := e.index[p].Redirect; p != src && isUnder(p, src) {
-				if err := r.moveAside(src); err != nil {
-					r.failed[p] = true
-					r.res.Failed = append(r.res.Failed, Failure{Path: p, Reason: err.Error()})
+			if m := e.index[p]; p != m.Redirect && isUnder(p, m.Redirect) {
+				if err := r.moveOwnSourceAside(p, m); err != nil {
+					r.fileError(p, m, err)
 					continue
 				}
 				movedOwn = true
@@ -198,7 +199,11 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool) CommitResult
 			r.applyRedirectStep(p, inSel)
 		}
 		if !movedOwn && len(waiting) == len(redirects) {
-			if err := r.moveAside(r.blockedBy(waiting[0], waiting)); err != nil {
+			err := errors.New("the directory renames wait on each other")
+			if src := r.blockedBy(waiting[0], waiting); src != "" {
+				err = r.moveAside(src)
+			}
+			if err != nil {
 				for _, p := range waiting {
 					r.failed[p] = true
 					r.res.Failed = append(r.res.Failed, Failure{Path: p, Reason: err.Error()})
@@ -289,6 +294,55 @@ func (r *commitRun) blockedBy(p string, pending []string) string {
 		}
 	}
 	return ""
+}
+
+// underAny reports whether p lies below one of dirs.
+func underAny(p string, dirs []string) bool {
+	for _, d := range dirs {
+		if p != d && isUnder(p, d) {
+			return true
+		}
+	}
+	return false
+}
+
+// moveOwnSourceAside moves aside the workspace directory behind the rename
+// m to p, whose destination lies below that directory's own place. It
+// checks first that the directory there is the one the rename was staged
+// with (p itself is checked when the rename is applied: what is at p now
+// is inside the directory that moves). Whatever the pending
+// set has made at the old place since replaces nothing from now on (as in
+// finishRedirect): the workspace has nothing there any more.
+func (r *commitRun) moveOwnSourceAside(p string, m *meta) error {
+	e := r.e
+	src := m.Redirect
+	sst, _ := e.base.lstat(src)
+	if sst == nil || sst.Mode&syscall.S_IFMT != syscall.S_IFDIR || (e.baseIno(sst) != m.Ino && !r.force) {
+		return &conflictError{expected: fmt.Sprintf("directory %s (ino %d)", src, m.Ino), actual: "missing or replaced in the workspace"}
+	}
+	if err := r.moveAside(src); err != nil {
+		return err
+	}
+	return r.forgetMovedBase(src, m)
+}
+
+// forgetMovedBase drops the baseline of the entry the pending set made at
+// src, the old place of the directory behind the rename m, once that
+// directory has left it (by a move aside): the entry replaces nothing
+// any more, and its commit must not look for the directory there.
+func (r *commitRun) forgetMovedBase(src string, m *meta) error {
+	e := r.e
+	sm := e.index[src]
+	if sm == nil || sm.Kind == KindWhiteout || !e.isBaseOf(sm.Base, m.Ino) {
+		return nil
+	}
+	nm := *sm
+	nm.Base = Baseline{}
+	if err := e.writeMeta(src, &nm); err != nil {
+		return err
+	}
+	*sm = nm
+	return nil
 }
 
 // applyRedirectStep commits the directory rename to p, after the new
@@ -415,8 +469,14 @@ func (r *commitRun) resumeMovesAside(sel []string) {
 	for _, m := range renames {
 		dir, name := r.movedAsideFrom(m)
 		if name != "" {
-			r.movedAway[joinPath(dir, name)] = true
+			from := joinPath(dir, name)
+			r.movedAway[from] = true
 			r.syncDir[dir] = true
+			// A crash may have come before moveOwnSourceAside
+			// forgot the baseline of what was made at the old place.
+			if err := r.forgetMovedBase(from, m); err != nil {
+				e.logf("commit: %s: %v", from, err)
+			}
 		}
 	}
 }
@@ -487,11 +547,17 @@ func (r *commitRun) do(p string, step func(string, *meta) error) {
 			break
 		}
 	}
-	err := step(p, m)
+	if err := step(p, m); err != nil {
+		r.fileError(p, m, err)
+		return
+	}
+	r.res.Committed = append(r.res.Committed, p)
+}
+
+// fileError files p as failed: a conflict, or a failure with err's reason.
+func (r *commitRun) fileError(p string, m *meta, err error) {
 	var ce *conflictError
 	switch {
-	case err == nil:
-		r.res.Committed = append(r.res.Committed, p)
 	case errors.As(err, &ce):
 		r.failed[p] = true
 		c := Conflict{Path: p, Reason: ce.Error(), Expected: ce.expected, Actual: ce.actual}
@@ -564,6 +630,7 @@ func (r *commitRun) applyRedirect(p string, m *meta) error {
 	if _, _, err := r.check(p, m.Base, nil); err != nil {
 		return err
 	}
+	e.killPoint("commit-redirect")
 	err := e.base.withParent(src, func(sdir int, sname string) error {
 		return e.base.withParent(p, func(ddir int, dname string) error {
 			return renameAt(sdir, sname, ddir, dname, 0)
@@ -583,16 +650,11 @@ func (r *commitRun) applyRedirect(p string, m *meta) error {
 func (r *commitRun) finishRedirect(p string, m *meta, src string) error {
 	e := r.e
 	r.movedAway[src] = true
-	if sm := e.index[src]; sm != nil && sm.Kind != KindWhiteout && e.isBaseOf(sm.Base, m.Ino) {
-		// Something new was made at the source (mv a b; mkdir a). What
-		// it replaced has moved: from now on it replaces nothing, even
-		// if it is not part of this commit.
-		nm := *sm
-		nm.Base = Baseline{}
-		if err := e.writeMeta(src, &nm); err != nil {
-			return err
-		}
-		*sm = nm
+	// Something new made at the source (mv a b; mkdir a) replaced what
+	// has moved: from now on it replaces nothing, even if it is not part
+	// of this commit.
+	if err := r.forgetMovedBase(src, m); err != nil {
+		return err
 	}
 	if err := r.rewriteSources(src, p, m); err != nil {
 		return err
@@ -738,6 +800,7 @@ func (r *commitRun) applyDir(p string, m *meta) error {
 			}
 			dir, _ := splitPath(p)
 			r.syncDir[dir] = true
+			e.killPoint("commit-dir-made")
 		}
 		if err := unix.Fchownat(dirfd, name, int(ust.Uid), int(ust.Gid), unix.AT_SYMLINK_NOFOLLOW); err != nil && err != unix.EPERM {
 			return err

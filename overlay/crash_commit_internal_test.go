@@ -1,6 +1,7 @@
 package overlay
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -171,51 +172,133 @@ func TestCrashInCommitOfDirectorySwap(t *testing.T) {
 	}
 }
 
+// treeOf lists every entry below root as list gives it: path -> kind,
+// mode and, for a file, its content.
+func treeOf(t *testing.T, list func(dir string) []string, stat func(p string) (*syscall.Stat_t, string)) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	var walk func(string)
+	walk = func(dir string) {
+		for _, name := range list(dir) {
+			p := joinPath(dir, name)
+			st, content := stat(p)
+			switch st.Mode & syscall.S_IFMT {
+			case syscall.S_IFDIR:
+				out[p] = fmt.Sprintf("dir %o", st.Mode&0o7777)
+				walk(p)
+			case syscall.S_IFREG:
+				out[p] = fmt.Sprintf("file %o %q", st.Mode&0o7777, content)
+			default:
+				out[p] = fmt.Sprintf("other %o", st.Mode)
+			}
+		}
+	}
+	walk("")
+	return out
+}
+
+// viewTree is everything e's view shows.
+func viewTree(t *testing.T, e *Engine) map[string]string {
+	t.Helper()
+	return treeOf(t, func(dir string) []string {
+		ents, err := e.ReadDir(dir)
+		require.NoError(t, err, "readdir %q", dir)
+		var names []string
+		for _, d := range ents {
+			names = append(names, d.Name)
+		}
+		return names
+	}, func(p string) (*syscall.Stat_t, string) {
+		st, err := e.Stat(p)
+		require.NoError(t, err, "stat %s", p)
+		if st.Mode&syscall.S_IFMT == syscall.S_IFREG {
+			return st, readView(t, e, p)
+		}
+		return st, ""
+	})
+}
+
+// workspaceTree is everything in the workspace ws.
+func workspaceTree(t *testing.T, ws string) map[string]string {
+	t.Helper()
+	return treeOf(t, func(dir string) []string {
+		return workspaceNames(t, ws, dir)
+	}, func(p string) (*syscall.Stat_t, string) {
+		var st syscall.Stat_t
+		require.NoError(t, syscall.Lstat(filepath.Join(ws, p), &st))
+		if st.Mode&syscall.S_IFMT == syscall.S_IFREG {
+			return &st, readWorkspace(t, ws, p)
+		}
+		return &st, ""
+	})
+}
+
 // A directory renamed to below its own old place cannot be moved there in
 // one step (the workspace refuses to move a directory into itself): the
 // commit moves it aside first, then makes its old place (a new directory,
 // or another directory renamed there) and moves it in. Committed whole,
-// and after a crash at each step.
+// and after a crash at each step, the workspace ends as the view was, and
+// nothing is left pending.
 func TestCommitOfRenameIntoItsOwnPlace(t *testing.T) {
+	mkdir := func(e *Engine, p string) {
+		_, err := e.Mkdir(p, 0o750, Caller{})
+		require.NoError(t, err, "mkdir %s", p)
+	}
+	mv := func(e *Engine, a, b string) { require.NoError(t, e.Rename(a, b, 0, Caller{}), "mv %s %s", a, b) }
+	made := []string{"commit-move-aside", "commit-moved-aside", "commit-dir-made", "commit-redirect", "commit-applied"}
+	renamed := []string{"commit-move-aside", "commit-moved-aside", "commit-redirect", "commit-applied"}
 	for _, tc := range []struct {
-		name  string
-		stage func(e *Engine)
-		want  map[string]string   // file -> content, in the view and the workspace
-		names map[string][]string // directory -> its names in the workspace
+		name   string
+		ws     []string // workspace dirs (and a file in each, named after it)
+		stage  func(e *Engine)
+		points []string // crash points the commit passes
 	}{
-		{
-			name: "new parent", // mkdir n; mv d n/d; mv n d
-			stage: func(e *Engine) {
-				_, err := e.Mkdir("n", 0o755, Caller{})
-				require.NoError(t, err)
-				require.NoError(t, e.Rename("d", "n/d", 0, Caller{}))
-				require.NoError(t, e.Rename("n", "d", 0, Caller{}))
-			},
-			want:  map[string]string{"d/d/from-d": "d\n", "e/from-e": "e\n"},
-			names: map[string][]string{"": {"d", "e"}, "d": {"d"}},
-		},
-		{
-			name: "renamed parent", // mv d e/d; mv e d
-			stage: func(e *Engine) {
-				require.NoError(t, e.Rename("d", "e/d", 0, Caller{}))
-				require.NoError(t, e.Rename("e", "d", 0, Caller{}))
-			},
-			want:  map[string]string{"d/d/from-d": "d\n", "d/from-e": "e\n"},
-			names: map[string][]string{"": {"d"}, "d": {"d", "from-e"}},
-		},
+		{"new parent", []string{"d", "e"}, func(e *Engine) {
+			mkdir(e, "n")
+			mv(e, "d", "n/d")
+			mv(e, "n", "d")
+		}, made},
+		{"new parent, a child of the same name", []string{"d", "d/d"}, func(e *Engine) {
+			mkdir(e, "n")
+			mv(e, "d", "n/d")
+			mv(e, "n", "d")
+		}, made},
+		{"new parents, deeper", []string{"d"}, func(e *Engine) {
+			mkdir(e, "n")
+			mkdir(e, "n/m")
+			mv(e, "d", "n/m/d")
+			mv(e, "n", "d")
+		}, made},
+		{"renamed parent", []string{"d", "e"}, func(e *Engine) {
+			mv(e, "d", "e/d")
+			mv(e, "e", "d")
+		}, renamed},
+		{"into a former child", []string{"d", "d/c"}, func(e *Engine) {
+			mv(e, "d/c", "t")
+			mv(e, "d", "t/d")
+			mv(e, "t", "d")
+		}, renamed},
+		// Both d/s and d go below their own places: d/s's rename waits
+		// while d's does.
+		{"one inside another", []string{"d", "d/s"}, func(e *Engine) {
+			mkdir(e, "d/n")
+			mv(e, "d/s", "d/n/s")
+			mv(e, "d/n", "d/s")
+			mkdir(e, "m")
+			mv(e, "d", "m/d")
+			mv(e, "m", "d")
+		}, made},
 	} {
-		for _, point := range []string{"none", "commit-move-aside", "commit-moved-aside"} {
+		for _, point := range append([]string{"none"}, tc.points...) {
 			t.Run(tc.name+"/"+point, func(t *testing.T) {
 				ws, state := t.TempDir(), t.TempDir()
-				for _, d := range []string{"d", "e"} {
+				for _, d := range tc.ws {
 					require.NoError(t, os.Mkdir(filepath.Join(ws, d), 0o755))
-					require.NoError(t, os.WriteFile(filepath.Join(ws, d, "from-"+d), []byte(d+"\n"), 0o644))
+					require.NoError(t, os.WriteFile(filepath.Join(ws, d, "in-"+filepath.Base(d)), []byte(d+"\n"), 0o644))
 				}
 				e := crashEngine(t, ws, state, point)
 				tc.stage(e)
-				for p, content := range tc.want {
-					require.Equal(t, content, readView(t, e, p), "staged view of %s", p)
-				}
+				want := viewTree(t, e)
 				var res CommitResult
 				if point == "none" {
 					res = e.Commit(nil, false, Caller{})
@@ -223,16 +306,34 @@ func TestCommitOfRenameIntoItsOwnPlace(t *testing.T) {
 					e, res = crashCommit(t, e, point)
 				}
 				requireAllCommitted(t, e, res)
-				for p, content := range tc.want {
-					require.Equal(t, content, readWorkspace(t, ws, p), "workspace %s", p)
-					require.Equal(t, content, readView(t, e, p), "view of %s", p)
-				}
-				for dir, names := range tc.names {
-					require.Equal(t, names, workspaceNames(t, ws, dir), "workspace dir %q", dir)
-				}
+				require.Equal(t, want, workspaceTree(t, ws), "the workspace is not what the view showed")
+				require.Equal(t, want, viewTree(t, e), "the commit changed the view")
 			})
 		}
 	}
+}
+
+// The directory a rename into its own old place would move aside is
+// checked first: one the user put there meanwhile is a conflict, and the
+// workspace is left as the user made it.
+func TestCommitOfRenameIntoItsOwnPlaceChecksTheSource(t *testing.T) {
+	ws, state := t.TempDir(), t.TempDir()
+	require.NoError(t, os.Mkdir(filepath.Join(ws, "d"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(ws, "d", "x"), []byte("x\n"), 0o644))
+	e := crashEngine(t, ws, state, "none")
+	_, err := e.Mkdir("n", 0o755, Caller{})
+	require.NoError(t, err)
+	require.NoError(t, e.Rename("d", "n/d", 0, Caller{}))
+	require.NoError(t, e.Rename("n", "d", 0, Caller{}))
+
+	require.NoError(t, os.Rename(filepath.Join(ws, "d"), filepath.Join(ws, "d-orig")))
+	require.NoError(t, os.Mkdir(filepath.Join(ws, "d"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(ws, "d", "mine"), []byte("mine\n"), 0o644))
+	before := workspaceTree(t, ws)
+
+	res := e.Commit(nil, false, Caller{})
+	require.NotEmpty(t, res.Conflicts)
+	require.Equal(t, before, workspaceTree(t, ws), "a conflicting commit changed the workspace")
 }
 
 // H. A directory that replaces a workspace file (and a file that replaces
