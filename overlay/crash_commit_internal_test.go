@@ -245,6 +245,11 @@ func TestCommitOfRenameIntoItsOwnPlace(t *testing.T) {
 		require.NoError(t, err, "mkdir %s", p)
 	}
 	mv := func(e *Engine, a, b string) { require.NoError(t, e.Rename(a, b, 0, Caller{}), "mv %s %s", a, b) }
+	throughNewParent := func(e *Engine) { // mkdir n; mv d n/d; mv n d
+		mkdir(e, "n")
+		mv(e, "d", "n/d")
+		mv(e, "n", "d")
+	}
 	made := []string{"commit-move-aside", "commit-moved-aside", "commit-dir-made", "commit-redirect", "commit-applied"}
 	renamed := []string{"commit-move-aside", "commit-moved-aside", "commit-redirect", "commit-applied"}
 	for _, tc := range []struct {
@@ -253,16 +258,8 @@ func TestCommitOfRenameIntoItsOwnPlace(t *testing.T) {
 		stage  func(e *Engine)
 		points []string // crash points the commit passes
 	}{
-		{"new parent", []string{"d", "e"}, func(e *Engine) {
-			mkdir(e, "n")
-			mv(e, "d", "n/d")
-			mv(e, "n", "d")
-		}, made},
-		{"new parent, a child of the same name", []string{"d", "d/d"}, func(e *Engine) {
-			mkdir(e, "n")
-			mv(e, "d", "n/d")
-			mv(e, "n", "d")
-		}, made},
+		{"new parent", []string{"d", "e"}, throughNewParent, made},
+		{"new parent, a child of the same name", []string{"d", "d/d"}, throughNewParent, made},
 		{"new parents, deeper", []string{"d"}, func(e *Engine) {
 			mkdir(e, "n")
 			mkdir(e, "n/m")

@@ -125,6 +125,20 @@ func assertSameMtimes(t testing.TB, what string, want, got map[string]time.Time)
 	}
 }
 
+// goSourceTarball writes a tar of a few Go source packages (over 600
+// entries) into dir and returns its path; it skips the test when the Go
+// source tree is missing.
+func goSourceTarball(t *testing.T, dir string) string {
+	t.Helper()
+	src := filepath.Join(goRoot(t), "src")
+	if _, err := os.Stat(filepath.Join(src, "go", "ast")); err != nil {
+		t.Skipf("no Go source tree to tar: %v", err)
+	}
+	tarball := filepath.Join(dir, "src.tar")
+	mustRun(t, cmdSpec{dir: src}, "tar", "-cf", tarball, "go", "strings", "fmt")
+	return tarball
+}
+
 func TestToolTar(t *testing.T) {
 	parallel(t)
 	requireTool(t, "tar")
@@ -132,13 +146,8 @@ func TestToolTar(t *testing.T) {
 	m := mountStagefs(t)
 	before := snapshot(t, m.ws)
 
-	src := filepath.Join(goRoot(t), "src")
-	if _, err := os.Stat(filepath.Join(src, "go", "ast")); err != nil {
-		t.Skipf("no Go source tree to tar: %v", err)
-	}
 	tmp := t.TempDir()
-	tarball := filepath.Join(tmp, "src.tar")
-	mustRun(t, cmdSpec{dir: src}, "tar", "-cf", tarball, "go", "strings", "fmt")
+	tarball := goSourceTarball(t, tmp)
 
 	plain := filepath.Join(tmp, "plain")
 	for _, d := range []string{filepath.Join(plain, "x"), m.in("x")} {
@@ -189,13 +198,8 @@ func TestTarReadsAStableTree(t *testing.T) {
 	parallel(t)
 	requireTool(t, "tar")
 	m := mountStagefs(t)
-	src := filepath.Join(goRoot(t), "src")
-	if _, err := os.Stat(filepath.Join(src, "go", "ast")); err != nil {
-		t.Skipf("no Go source tree to tar: %v", err)
-	}
 	tmp := t.TempDir()
-	tarball := filepath.Join(tmp, "src.tar")
-	mustRun(t, cmdSpec{dir: src}, "tar", "-cf", tarball, "go", "strings", "fmt")
+	tarball := goSourceTarball(t, tmp)
 	for _, d := range []string{filepath.Join(m.ws, "pre"), m.in("new")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
