@@ -188,6 +188,12 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool) CommitResult
 			// aside first and waits a round, for its old place to be
 			// made anew, or renamed into, before it moves in.
 			if m := e.index[p]; p != m.Redirect && isUnder(p, m.Redirect) {
+				if dir := r.failedAncestor(p); dir != "" {
+					// Moved aside, it would stay there.
+					r.failed[p] = true
+					r.res.Failed = append(r.res.Failed, Failure{Path: p, Reason: "a parent directory was not committed: " + dir})
+					continue
+				}
 				if err := r.moveOwnSourceAside(p, m); err != nil {
 					r.fileError(p, m, err)
 					continue
@@ -197,6 +203,13 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool) CommitResult
 				continue
 			}
 			r.applyRedirectStep(p, inSel)
+		}
+		if !movedOwn && len(waiting) == len(redirects) && r.checkSources(waiting) {
+			// A rename whose source is gone or replaced failed instead:
+			// it blocks nothing now, and nothing was moved aside for a
+			// cycle that cannot complete.
+			redirects = r.notFailed(waiting)
+			continue
 		}
 		if !movedOwn && len(waiting) == len(redirects) {
 			err := errors.New("the directory renames wait on each other")
@@ -306,6 +319,49 @@ func underAny(p string, dirs []string) bool {
 	return false
 }
 
+// failedAncestor returns the nearest directory above p that failed in this
+// commit ("" when none).
+func (r *commitRun) failedAncestor(p string) string {
+	for dir, _ := splitPath(p); dir != ""; dir, _ = splitPath(dir) {
+		if r.failed[dir] {
+			return dir
+		}
+	}
+	return ""
+}
+
+// checkSources checks, before a cycle of renames is broken by moving one
+// source aside, that every rename in it still finds the directory it was
+// staged with: one that does not is filed as a conflict (unless forced).
+// It reports whether any failed.
+func (r *commitRun) checkSources(renames []string) bool {
+	e := r.e
+	failed := false
+	for _, p := range renames {
+		m := e.index[p]
+		if r.failed[p] || r.force {
+			continue
+		}
+		if st, _ := e.base.lstat(m.Redirect); st == nil || st.Mode&syscall.S_IFMT != syscall.S_IFDIR || e.baseIno(st) != m.Ino {
+			r.fileError(p, m, &conflictError{expected: fmt.Sprintf("directory %s (ino %d)", m.Redirect, m.Ino), actual: "missing or replaced in the workspace"})
+			r.keepSource(p, m.Redirect)
+			failed = true
+		}
+	}
+	return failed
+}
+
+// notFailed returns the paths of ps that have not failed.
+func (r *commitRun) notFailed(ps []string) []string {
+	var out []string
+	for _, p := range ps {
+		if !r.failed[p] {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // moveOwnSourceAside moves aside the workspace directory behind the rename
 // m to p, whose destination lies below that directory's own place. It
 // checks first that the directory there is the one the rename was staged
@@ -320,10 +376,7 @@ func (r *commitRun) moveOwnSourceAside(p string, m *meta) error {
 	if sst == nil || sst.Mode&syscall.S_IFMT != syscall.S_IFDIR || (e.baseIno(sst) != m.Ino && !r.force) {
 		return &conflictError{expected: fmt.Sprintf("directory %s (ino %d)", src, m.Ino), actual: "missing or replaced in the workspace"}
 	}
-	if err := r.moveAside(src); err != nil {
-		return err
-	}
-	return r.forgetMovedBase(src, m)
+	return r.moveAside(src)
 }
 
 // forgetMovedBase drops the baseline of the entry the pending set made at
@@ -360,9 +413,16 @@ func (r *commitRun) applyRedirectStep(p string, inSel map[string]bool) {
 	}
 	src := e.index[p].Redirect
 	r.do(p, r.applyRedirect)
-	if w := e.index[src]; r.failed[p] && w != nil && w.Kind == KindWhiteout && !r.failed[src] {
-		// The whiteout at the source is the other half of the rename:
-		// deleting the source alone would lose the directory.
+	if r.failed[p] {
+		r.keepSource(p, src)
+	}
+}
+
+// keepSource keeps the whiteout at src, the source of the failed rename to
+// p, from being committed: it is the other half of the rename, and
+// deleting the source alone would lose the directory.
+func (r *commitRun) keepSource(p, src string) {
+	if w := r.e.index[src]; w != nil && w.Kind == KindWhiteout && !r.failed[src] {
 		r.failed[src] = true
 		r.res.Failed = append(r.res.Failed, Failure{Path: src, Reason: "the directory rename to " + p + " was not committed"})
 	}
@@ -419,6 +479,11 @@ func (r *commitRun) moveAside(src string) error {
 		return err
 	}
 	e.killPoint("commit-moved-aside")
+	for _, m := range e.index {
+		if m.Kind == KindDir && m.Redirect == tmp {
+			return r.forgetMovedBase(src, m)
+		}
+	}
 	return nil
 }
 

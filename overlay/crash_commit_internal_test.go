@@ -275,6 +275,23 @@ func TestCommitOfRenameIntoItsOwnPlace(t *testing.T) {
 			mv(e, "d", "t/d")
 			mv(e, "t", "d")
 		}, renamed},
+		// A swap's moved-aside directory leaves a place that is made
+		// anew (a review found both; each failed after a crash at
+		// commit-applied).
+		{"swap, old place made anew", []string{"a", "c", "c/e"}, func(e *Engine) {
+			mv(e, "a", "t")
+			mkdir(e, "a")
+			mv(e, "c/e", "a/e")
+			mv(e, "t", "c/e")
+		}, made},
+		{"swap, then below its own place", []string{"a", "b", "b/e"}, func(e *Engine) {
+			mv(e, "a", "tmp")
+			mv(e, "b/e", "a")
+			mv(e, "tmp", "b/e")
+			mkdir(e, "t")
+			mv(e, "a", "t/e")
+			mv(e, "t", "a")
+		}, made},
 		// Both d/s and d go below their own places: d/s's rename waits
 		// while d's does.
 		{"one inside another", []string{"d", "d/s"}, func(e *Engine) {
@@ -310,27 +327,56 @@ func TestCommitOfRenameIntoItsOwnPlace(t *testing.T) {
 	}
 }
 
-// The directory a rename into its own old place would move aside is
-// checked first: one the user put there meanwhile is a conflict, and the
-// workspace is left as the user made it.
-func TestCommitOfRenameIntoItsOwnPlaceChecksTheSource(t *testing.T) {
-	ws, state := t.TempDir(), t.TempDir()
-	require.NoError(t, os.Mkdir(filepath.Join(ws, "d"), 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(ws, "d", "x"), []byte("x\n"), 0o644))
-	e := crashEngine(t, ws, state, "none")
-	_, err := e.Mkdir("n", 0o755, Caller{})
-	require.NoError(t, err)
-	require.NoError(t, e.Rename("d", "n/d", 0, Caller{}))
-	require.NoError(t, e.Rename("n", "d", 0, Caller{}))
-
-	require.NoError(t, os.Rename(filepath.Join(ws, "d"), filepath.Join(ws, "d-orig")))
-	require.NoError(t, os.Mkdir(filepath.Join(ws, "d"), 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(ws, "d", "mine"), []byte("mine\n"), 0o644))
-	before := workspaceTree(t, ws)
-
-	res := e.Commit(nil, false, Caller{})
-	require.NotEmpty(t, res.Conflicts)
-	require.Equal(t, before, workspaceTree(t, ws), "a conflicting commit changed the workspace")
+// Before a commit moves a workspace directory aside, for a rename into its
+// own old place or to break a cycle of renames, it checks what the renames
+// need: a directory the user replaced or removed meanwhile is a conflict,
+// and the workspace is left as the user made it.
+func TestCommitMovesNothingAsideForAConflict(t *testing.T) {
+	mv := func(e *Engine, a, b string) { require.NoError(t, e.Rename(a, b, 0, Caller{}), "mv %s %s", a, b) }
+	for _, tc := range []struct {
+		name  string
+		stage func(e *Engine)
+		user  func(ws string)
+	}{
+		{"own place, source replaced", func(e *Engine) {
+			_, err := e.Mkdir("n", 0o755, Caller{})
+			require.NoError(t, err)
+			mv(e, "d", "n/d")
+			mv(e, "n", "d")
+		}, func(ws string) {
+			require.NoError(t, os.Rename(filepath.Join(ws, "d"), filepath.Join(ws, "d-orig")))
+			require.NoError(t, os.Mkdir(filepath.Join(ws, "d"), 0o755))
+			require.NoError(t, os.WriteFile(filepath.Join(ws, "d", "mine"), []byte("mine\n"), 0o644))
+		}},
+		{"own place, the new parent's source removed", func(e *Engine) {
+			mv(e, "d", "e/d")
+			mv(e, "e", "d")
+		}, func(ws string) {
+			require.NoError(t, os.RemoveAll(filepath.Join(ws, "e")))
+		}},
+		{"swap, one side removed", func(e *Engine) {
+			mv(e, "d", "t")
+			mv(e, "e", "d")
+			mv(e, "t", "e")
+		}, func(ws string) {
+			require.NoError(t, os.RemoveAll(filepath.Join(ws, "e")))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws, state := t.TempDir(), t.TempDir()
+			for _, d := range []string{"d", "e"} {
+				require.NoError(t, os.Mkdir(filepath.Join(ws, d), 0o755))
+				require.NoError(t, os.WriteFile(filepath.Join(ws, d, "in-"+d), []byte(d+"\n"), 0o644))
+			}
+			e := crashEngine(t, ws, state, "none")
+			tc.stage(e)
+			tc.user(ws)
+			before := workspaceTree(t, ws)
+			res := e.Commit(nil, false, Caller{})
+			require.NotEmpty(t, res.Conflicts)
+			require.Equal(t, before, workspaceTree(t, ws), "a conflicting commit changed the workspace")
+		})
+	}
 }
 
 // H. A directory that replaces a workspace file (and a file that replaces
