@@ -366,9 +366,7 @@ func (r *commitRun) notFailed(ps []string) []string {
 // m to p, whose destination lies below that directory's own place. It
 // checks first that the directory there is the one the rename was staged
 // with (p itself is checked when the rename is applied: what is at p now
-// is inside the directory that moves). Whatever the pending
-// set has made at the old place since replaces nothing from now on (as in
-// finishRedirect): the workspace has nothing there any more.
+// is inside the directory that moves).
 func (r *commitRun) moveOwnSourceAside(p string, m *meta) error {
 	e := r.e
 	src := m.Redirect
@@ -479,6 +477,9 @@ func (r *commitRun) moveAside(src string) error {
 		return err
 	}
 	e.killPoint("commit-moved-aside")
+	// Whatever the pending set made at the old place since replaces
+	// nothing from now on (as in finishRedirect): the workspace has
+	// nothing there any more.
 	for _, m := range e.index {
 		if m.Kind == KindDir && m.Redirect == tmp {
 			return r.forgetMovedBase(src, m)
@@ -537,8 +538,8 @@ func (r *commitRun) resumeMovesAside(sel []string) {
 			from := joinPath(dir, name)
 			r.movedAway[from] = true
 			r.syncDir[dir] = true
-			// A crash may have come before moveOwnSourceAside
-			// forgot the baseline of what was made at the old place.
+			// A crash may have come before moveAside dropped the
+			// baseline of what was made at the old place.
 			if err := r.forgetMovedBase(from, m); err != nil {
 				e.logf("commit: %s: %v", from, err)
 			}
