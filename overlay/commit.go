@@ -332,18 +332,18 @@ func (r *commitRun) failedAncestor(p string) string {
 
 // checkSources checks, before a cycle of renames is broken by moving one
 // source aside, that every rename in it still finds the directory it was
-// staged with: one that does not is filed as a conflict (unless forced).
-// It reports whether any failed.
+// staged with (checkSource): one that does not is filed as a conflict. It
+// reports whether any failed.
 func (r *commitRun) checkSources(renames []string) bool {
-	e := r.e
 	failed := false
 	for _, p := range renames {
-		m := e.index[p]
-		if r.failed[p] || r.force {
+		m := r.e.index[p]
+		if r.failed[p] {
 			continue
 		}
-		if st, _ := e.base.lstat(m.Redirect); st == nil || st.Mode&syscall.S_IFMT != syscall.S_IFDIR || e.baseIno(st) != m.Ino {
-			r.fileError(p, m, &conflictError{expected: fmt.Sprintf("directory %s (ino %d)", m.Redirect, m.Ino), actual: "missing or replaced in the workspace"})
+		sst, _ := r.e.base.lstat(m.Redirect)
+		if err := r.checkSource(m, sst); err != nil {
+			r.fileError(p, m, err)
 			r.keepSource(p, m.Redirect)
 			failed = true
 		}
@@ -368,13 +368,21 @@ func (r *commitRun) notFailed(ps []string) []string {
 // with (p itself is checked when the rename is applied: what is at p now
 // is inside the directory that moves).
 func (r *commitRun) moveOwnSourceAside(p string, m *meta) error {
-	e := r.e
-	src := m.Redirect
-	sst, _ := e.base.lstat(src)
-	if sst == nil || sst.Mode&syscall.S_IFMT != syscall.S_IFDIR || (e.baseIno(sst) != m.Ino && !r.force) {
-		return &conflictError{expected: fmt.Sprintf("directory %s (ino %d)", src, m.Ino), actual: "missing or replaced in the workspace"}
+	sst, _ := r.e.base.lstat(m.Redirect)
+	if err := r.checkSource(m, sst); err != nil {
+		return err
 	}
-	return r.moveAside(src)
+	return r.moveAside(m.Redirect)
+}
+
+// checkSource returns a conflict unless sst, the workspace entry at the
+// source of the directory rename m, is the directory the rename was staged
+// with (with force, any directory).
+func (r *commitRun) checkSource(m *meta, sst *syscall.Stat_t) error {
+	if sst == nil || sst.Mode&syscall.S_IFMT != syscall.S_IFDIR || (r.e.baseIno(sst) != m.Ino && !r.force) {
+		return &conflictError{expected: fmt.Sprintf("directory %s (ino %d)", m.Redirect, m.Ino), actual: "missing or replaced in the workspace"}
+	}
+	return nil
 }
 
 // forgetMovedBase drops the baseline of the entry the pending set made at
@@ -690,8 +698,8 @@ func (r *commitRun) applyRedirect(p string, m *meta) error {
 	if sst == nil && dst != nil && dst.Mode&syscall.S_IFMT == syscall.S_IFDIR && e.baseIno(dst) == m.Ino {
 		return r.finishRedirect(p, m, src) // renamed before a crash
 	}
-	if sst == nil || sst.Mode&syscall.S_IFMT != syscall.S_IFDIR || (e.baseIno(sst) != m.Ino && !r.force) {
-		return &conflictError{expected: fmt.Sprintf("directory %s (ino %d)", src, m.Ino), actual: "missing or replaced in the workspace"}
+	if err := r.checkSource(m, sst); err != nil {
+		return err
 	}
 	if _, _, err := r.check(p, m.Base, nil); err != nil {
 		return err
