@@ -189,9 +189,7 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool) CommitResult
 			// made anew, or renamed into, before it moves in.
 			if m := e.index[p]; p != m.Redirect && isUnder(p, m.Redirect) {
 				if dir := r.failedAncestor(p); dir != "" {
-					// Moved aside, it would stay there.
-					r.failed[p] = true
-					r.res.Failed = append(r.res.Failed, Failure{Path: p, Reason: "a parent directory was not committed: " + dir})
+					r.failParent(p, dir) // moved aside, it would stay there
 					continue
 				}
 				if err := r.moveOwnSourceAside(p, m); err != nil {
@@ -320,7 +318,7 @@ func underAny(p string, dirs []string) bool {
 }
 
 // failedAncestor returns the nearest directory above p that failed in this
-// commit ("" when none).
+// commit ("" when none; the root never fails).
 func (r *commitRun) failedAncestor(p string) string {
 	for dir, _ := splitPath(p); dir != ""; dir, _ = splitPath(dir) {
 		if r.failed[dir] {
@@ -328,6 +326,12 @@ func (r *commitRun) failedAncestor(p string) string {
 		}
 	}
 	return ""
+}
+
+// failParent files p as failed because its parent directory dir did.
+func (r *commitRun) failParent(p, dir string) {
+	r.failed[p] = true
+	r.res.Failed = append(r.res.Failed, Failure{Path: p, Reason: "a parent directory was not committed: " + dir})
 }
 
 // checkSources checks, before a cycle of renames is broken by moving one
@@ -611,15 +615,9 @@ func (r *commitRun) do(p string, step func(string, *meta) error) {
 		// would be dropped from the pending set.
 		return
 	}
-	for dir, _ := splitPath(p); ; dir, _ = splitPath(dir) {
-		if r.failed[dir] {
-			r.failed[p] = true
-			r.res.Failed = append(r.res.Failed, Failure{Path: p, Reason: "a parent directory was not committed: " + dir})
-			return
-		}
-		if dir == "" {
-			break
-		}
+	if dir := r.failedAncestor(p); dir != "" {
+		r.failParent(p, dir)
+		return
 	}
 	if err := step(p, m); err != nil {
 		r.fileError(p, m, err)
