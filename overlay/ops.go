@@ -460,8 +460,13 @@ func (e *Engine) createLocked(p string, flags int, mode uint32, c Caller) (*File
 	if err != nil {
 		return nil, nil, false, err
 	}
+	// The file is made readable and writable by its owner until it has
+	// been opened again with the caller's flags: POSIX lets a process
+	// create a file read-only and still write it (git makes its objects
+	// 0444 with O_RDWR), but a daemon that is not root could not open such
+	// a file a second time.
 	fd, err := e.placeNew(p, l, m, func(dirfd int, name string) (int, error) {
-		fd, err := openatRetry(dirfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, mode&0o7777)
+		fd, err := openatRetry(dirfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, mode&0o7777|0o600)
 		if err == nil {
 			chownFd(fd, c)
 		}
@@ -474,6 +479,12 @@ func (e *Engine) createLocked(p string, flags int, mode uint32, c Caller) (*File
 	f := &File{Upper: true, Writable: true, Gen: e.copyGen.Load()}
 	if f.Fd, err = e.upper.open(p, openFlags(flags)&^unix.O_TRUNC, 0); err != nil {
 		return nil, nil, false, err
+	}
+	if mode&0o600 != 0o600 {
+		if err := unix.Fchmod(f.Fd, mode&0o7777); err != nil {
+			unix.Close(f.Fd)
+			return nil, nil, false, err
+		}
 	}
 	e.trackWriter(f)
 	st, err := e.fstatShown(f.Fd, m)
