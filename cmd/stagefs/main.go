@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"stagefs/control"
+	"stagefs/sandbox"
 )
 
 // Exit codes, documented in the README; mapped here and nowhere else.
@@ -101,8 +102,8 @@ func run(args []string) int {
 	switch args[0] {
 	case daemonCommand:
 		cmd = &command{name: daemonCommand, run: runDaemon}
-	case runChildCommand:
-		cmd = &command{name: runChildCommand, run: runChild}
+	case sandbox.InitCommand:
+		return sandbox.InitMain(args[1:])
 	}
 	if cmd == nil {
 		fmt.Fprintf(os.Stderr, "stagefs: unknown command %q (see stagefs --help)\n", args[0])

@@ -3,6 +3,7 @@
 // what changed rather than the workspace's size. scripts/bench runs it.
 //
 //	benchops -stagefs PATH [-sizes 1000,10000,100000] [-dir DIR]
+//	benchops -stagefs PATH -sandbox [-dir DIR]
 package main
 
 import (
@@ -25,7 +26,12 @@ func main() {
 	bin := flag.String("stagefs", "stagefs", "the stagefs binary")
 	sizes := flag.String("sizes", "100,1000,10000,100000", "workspace sizes in files")
 	dir := flag.String("dir", os.TempDir(), "where to make the workspaces")
+	sandbox := flag.Bool("sandbox", false, "measure starting a command in stagefs run's sandbox instead")
 	flag.Parse()
+	if *sandbox {
+		measureSandbox(*bin, *dir)
+		return
+	}
 	var rows [][]string
 	for _, s := range strings.Split(*sizes, ",") {
 		n, err := strconv.Atoi(s)
