@@ -24,6 +24,8 @@ type SnapshotParams struct {
 	ScopeID string   `json:"scopeId"`
 	Paths   []string `json:"paths,omitempty"`
 	Pid     int      `json:"pid,omitempty"`
+	// Label is for people: the tool and its command or file.
+	Label string `json:"label,omitempty"`
 }
 
 // Validate implements Validator.
@@ -43,6 +45,7 @@ type SnapshotInfo struct {
 	ScopeID    string   `json:"scopeId"`
 	Turn       string   `json:"turn,omitempty"`
 	Pid        int      `json:"pid,omitempty"`
+	Label      string   `json:"label,omitempty"`
 	Created    string   `json:"created"` // RFC3339Nano
 	Open       bool     `json:"open"`
 	Paths      []string `json:"paths"`

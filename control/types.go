@@ -108,11 +108,14 @@ type InitializeParams struct{}
 
 // InitializeResult describes the session.
 type InitializeResult struct {
-	Version      string          `json:"version"`
-	SessionID    string          `json:"sessionId"`
-	Mode         string          `json:"mode"`
-	Workspace    string          `json:"workspace"`
-	Mount        string          `json:"mount"`
+	Version   string `json:"version"`
+	SessionID string `json:"sessionId"`
+	Mode      string `json:"mode"`
+	Workspace string `json:"workspace"`
+	Mount     string `json:"mount"`
+	// HookSocket is the hook channel's name (control/hooks.go), for the
+	// agent integrations to hand to their hooks.
+	HookSocket   string          `json:"hookSocket,omitempty"`
 	Capabilities map[string]bool `json:"capabilities"`
 	Policy       Policy          `json:"policy"`
 }

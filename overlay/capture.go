@@ -52,7 +52,7 @@ func (e *Engine) capture(c Caller, paths ...string) error {
 		}
 		var pre *snapshot.Entry
 		for _, s := range open {
-			if s.Pid != 0 && !e.procs.descends(c.Pid, s.Pid) {
+			if !e.covers(s, open, c.Pid) {
 				continue
 			}
 			if user && strings.HasPrefix(s.ScopeID, turnPrefix) {
@@ -86,6 +86,28 @@ func (e *Engine) capture(c Caller, paths ...string) error {
 	return nil
 }
 
+// covers reports whether the open snapshot s captures the mutations of
+// process pid: a snapshot bound to pid or one of its ancestors does, and
+// so does an unbound one, except that an unbound tool call's snapshot
+// leaves a process that a bound tool call's snapshot covers to that tool
+// call (a command a host bound to its own tool call, still writing in the
+// background while the next tool call runs, belongs to its own). Turns
+// capture every process. open is the list s comes from.
+func (e *Engine) covers(s snapshot.Info, open []snapshot.Info, pid int) bool {
+	if s.Pid != 0 {
+		return e.procs.descends(pid, s.Pid)
+	}
+	if internalScope(s.ScopeID) {
+		return true
+	}
+	for _, b := range open {
+		if b.Pid != 0 && !internalScope(b.ScopeID) && e.procs.descends(pid, b.Pid) {
+			return false
+		}
+	}
+	return true
+}
+
 // Capturing reports cheaply whether any snapshot is open, so the FUSE
 // layer computes a path for BeforeWrite only then.
 // While redo is available it is true as well, so that a write through a
@@ -110,8 +132,9 @@ func (e *Engine) BeforeWrite(p string, c Caller) error {
 		return nil
 	}
 	need := false
-	for _, s := range e.snaps.OpenSnapshots() {
-		if (s.Pid == 0 || e.procs.descends(c.Pid, s.Pid)) && !e.snaps.Has(s.ScopeID, p) {
+	open := e.snaps.OpenSnapshots()
+	for _, s := range open {
+		if e.covers(s, open, c.Pid) && !e.snaps.Has(s.ScopeID, p) {
 			need = true
 			break
 		}
@@ -130,8 +153,9 @@ func (e *Engine) captureMove(c Caller, oldp, newp string) error {
 	if e.snaps == nil || c.Pid == 0 || e.openSnaps.Load() == 0 {
 		return nil
 	}
-	for _, s := range e.snaps.OpenSnapshots() {
-		if s.Pid != 0 && !e.procs.descends(c.Pid, s.Pid) {
+	open := e.snaps.OpenSnapshots()
+	for _, s := range open {
+		if !e.covers(s, open, c.Pid) {
 			continue
 		}
 		err := e.snaps.Add(s.ScopeID, snapshot.Entry{Path: newp, From: oldp, Kind: snapshot.KindMoved, Pid: c.Pid, Comm: e.procs.comm(c.Pid)})
@@ -323,6 +347,12 @@ func (e *Engine) readState(p string, keepBody bool) (*snapshot.Entry, error) {
 // process when pid is 0. Opening an unbound snapshot closes the previous
 // unbound one.
 func (e *Engine) OpenSnapshot(scope, turn string, pid int, paths []string) (snapshot.Info, error) {
+	return e.OpenLabeledSnapshot(scope, turn, "", pid, paths)
+}
+
+// OpenLabeledSnapshot is OpenSnapshot with a label for people: the tool
+// and its command or file.
+func (e *Engine) OpenLabeledSnapshot(scope, turn, label string, pid int, paths []string) (snapshot.Info, error) {
 	if e.snaps == nil {
 		return snapshot.Info{}, errors.New("snapshots are not enabled")
 	}
@@ -333,7 +363,7 @@ func (e *Engine) OpenSnapshot(scope, turn string, pid int, paths []string) (snap
 			}
 		}
 	}
-	info, err := e.snaps.Create(scope, turn, pid)
+	info, err := e.snaps.CreateLabeled(scope, turn, label, pid)
 	if err != nil {
 		return info, err
 	}
@@ -1377,10 +1407,11 @@ func (e *Engine) captureHeld(s snapshot.Info) {
 	if len(held) == 0 {
 		return
 	}
+	open := e.snaps.OpenSnapshots()
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	for _, w := range held {
-		if w.Pid == 0 || (s.Pid != 0 && !e.procs.descends(w.Pid, s.Pid)) || e.noCapture(w.Path) {
+		if w.Pid == 0 || !e.covers(s, open, w.Pid) || e.noCapture(w.Path) {
 			continue
 		}
 		if strings.HasPrefix(s.ScopeID, turnPrefix) && e.isUserProcess(w.Pid) {

@@ -456,26 +456,33 @@ func TestCaptureExplicitPaths(t *testing.T) {
 }
 
 // TestCaptureUnboundReplacesUnbound: opening an unbound snapshot closes the
-// previous unbound one; bound ones stay open.
+// previous unbound one; bound ones stay open. A process a bound snapshot
+// covers is that tool call's alone: the unbound ones leave it, and capture
+// every other process.
 func TestCaptureUnboundReplacesUnbound(t *testing.T) {
 	h, st := newSnapHarness(t, overlay.Staged)
+	other := overlay.Caller{Pid: 1} // not below the bound process
 	_, err := h.e.OpenSnapshot("u1", "", 0, nil)
 	require.NoError(t, err)
 	_, err = h.e.OpenSnapshot("b1", "", os.Getpid(), nil)
 	require.NoError(t, err)
 	h.create("one", "1\n")
+	_, err = h.e.Mkdir("other1", 0o755, other)
+	require.NoError(t, err)
 	_, err = h.e.OpenSnapshot("u2", "", 0, nil)
 	require.NoError(t, err)
 	h.create("two", "2\n")
+	_, err = h.e.Mkdir("other2", 0o755, other)
+	require.NoError(t, err)
 
 	open := map[string]bool{}
 	for _, i := range st.List() {
 		open[i.ScopeID] = !i.Closed
 	}
 	require.Equal(t, map[string]bool{"u1": false, "b1": true, "u2": true}, open)
-	require.Equal(t, []string{"absent one"}, entryKinds(t, st, "u1"))
+	require.Equal(t, []string{"absent other1"}, entryKinds(t, st, "u1"))
 	require.Equal(t, []string{"absent one", "absent two"}, entryKinds(t, st, "b1"))
-	require.Equal(t, []string{"absent two"}, entryKinds(t, st, "u2"))
+	require.Equal(t, []string{"absent other2"}, entryKinds(t, st, "u2"))
 }
 
 // TestCaptureSurvivesRestart: snapshots are on disk; a new engine over the

@@ -41,6 +41,7 @@ type Spec struct {
 	State     string   // the daemon's state dir, hidden inside
 	Workdir   string   // the working directory, a path under Workspace
 	Argv      []string // the command
+	Env       []string // added to the caller's environment
 	// Forward decides whether a signal the caller received goes on to the
 	// command (nil: always).
 	Forward func(os.Signal) bool
@@ -69,7 +70,7 @@ func Run(spec Spec) (Result, error) {
 
 	var refusals []string // why each way of making the namespace failed
 	for _, w := range ways() {
-		res, err := start(args, w, spec.Forward)
+		res, err := start(args, append(os.Environ(), spec.Env...), w, spec.Forward)
 		var refused *refusal
 		if errors.As(err, &refused) {
 			refusals = append(refusals, refused.msg)
@@ -88,7 +89,7 @@ type refusal struct{ msg string }
 func (r *refusal) Error() string { return r.msg }
 
 // start makes the namespace one way and runs init in it.
-func start(args []string, w way, forward func(os.Signal) bool) (Result, error) {
+func start(args, env []string, w way, forward func(os.Signal) bool) (Result, error) {
 	reportR, reportW, err := os.Pipe()
 	if err != nil {
 		return Result{}, err
@@ -104,6 +105,7 @@ func start(args []string, w way, forward func(os.Signal) bool) (Result, error) {
 		Path:        "/proc/self/exe",
 		Args:        append([]string{"stagefs"}, args...),
 		Dir:         "/", // init holds nothing of the real workspace
+		Env:         env,
 		Stdin:       os.Stdin,
 		Stdout:      os.Stdout,
 		Stderr:      os.Stderr,

@@ -17,6 +17,7 @@ type header struct {
 	ScopeID   string `json:"scopeId"`
 	Turn      string `json:"turn,omitempty"`
 	Pid       int    `json:"pid,omitempty"`
+	Label     string `json:"label,omitempty"`
 	Created   int64  `json:"created"`
 	Workspace string `json:"workspace,omitempty"`
 }

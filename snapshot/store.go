@@ -52,8 +52,9 @@ type Info struct {
 	ID      string   `json:"id"` // unique, sorts by creation
 	ScopeID string   `json:"scopeId"`
 	Turn    string   `json:"turn,omitempty"`
-	Pid     int      `json:"pid,omitempty"` // bound process (0: any process)
-	Created int64    `json:"created"`       // unix ns
+	Pid     int      `json:"pid,omitempty"`   // bound process (0: any process)
+	Label   string   `json:"label,omitempty"` // what a person reads to find it: a tool and its command or file
+	Created int64    `json:"created"`         // unix ns
 	Closed  bool     `json:"closed"`
 	Paths   []string `json:"paths"` // captured paths, in capture order
 	Bytes   int64    `json:"bytes"` // sum of the sizes of its distinct file bodies
@@ -115,6 +116,7 @@ func newSnap(h header) *snap {
 			ScopeID:   h.ScopeID,
 			Turn:      h.Turn,
 			Pid:       h.Pid,
+			Label:     h.Label,
 			Created:   h.Created,
 			Workspace: h.Workspace,
 			Paths:     []string{},
@@ -418,6 +420,11 @@ func (s *Store) scanBlobs() error {
 // an open snapshot with that scope id exists; a closed one is dropped first,
 // so a scope id names at most one snapshot.
 func (s *Store) Create(scopeID, turn string, pid int) (Info, error) {
+	return s.CreateLabeled(scopeID, turn, "", pid)
+}
+
+// CreateLabeled is Create with a label for people (see Info.Label).
+func (s *Store) CreateLabeled(scopeID, turn, label string, pid int) (Info, error) {
 	if err := ValidScope(scopeID); err != nil {
 		return Info{}, err
 	}
@@ -444,6 +451,7 @@ func (s *Store) Create(scopeID, turn string, pid int) (Info, error) {
 		ScopeID:   scopeID,
 		Turn:      turn,
 		Pid:       pid,
+		Label:     label,
 		Created:   created,
 		Workspace: s.workspace,
 	}

@@ -114,12 +114,13 @@ func (b *backend) relPaths(ps []string) ([]string, error) {
 
 func (b *backend) Initialize(ctx context.Context) (control.InitializeResult, error) {
 	return control.InitializeResult{
-		Version:   version,
-		SessionID: b.sessionID,
-		Mode:      string(b.eng.Mode()),
-		Workspace: b.cfg.workspace,
-		Mount:     b.cfg.mountpoint,
-		Policy:    b.policy(),
+		Version:    version,
+		SessionID:  b.sessionID,
+		Mode:       string(b.eng.Mode()),
+		Workspace:  b.cfg.workspace,
+		Mount:      b.cfg.mountpoint,
+		HookSocket: control.HookSocketName(b.cfg.state),
+		Policy:     b.policy(),
 		Capabilities: map[string]bool{
 			"staged": true, "immediate": true, "commitPaths": true, "discardPaths": true,
 			"diff": true, "readText": true, "safeTextPatch": true, "log": true, "events": true,

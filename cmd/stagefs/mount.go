@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -73,7 +74,11 @@ func runMount(ctx context.Context, args []string) error {
 		cfg.readyFd = -1
 		return serve(ctx, &cfg, nil)
 	}
-	return startBackground(&cfg, args)
+	if err := startBackground(&cfg); err != nil {
+		return err
+	}
+	printMounted(os.Stdout, &cfg)
+	return nil
 }
 
 // resolve makes the paths absolute and real, picks the state dir and
@@ -173,7 +178,7 @@ func socketPath(state string) string { return filepath.Join(state, "control.sock
 
 // startBackground re-runs stagefs as a detached daemon and waits until it
 // reports the mount ready (or why it failed).
-func startBackground(cfg *mountConfig, args []string) error {
+func startBackground(cfg *mountConfig) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
@@ -231,9 +236,13 @@ func startBackground(cfg *mountConfig, args []string) error {
 		return errors.New(strings.TrimPrefix(line, "error: "))
 	}
 	cmd.Process.Release()
-	fmt.Printf("mounted %s\n  workspace: %s\n  state dir: %s\n  socket:    %s\n  mode:      %s\n",
-		cfg.mountpoint, cfg.workspace, cfg.state, socketPath(cfg.state), cfg.mode)
 	return nil
+}
+
+// printMounted tells the user where everything is.
+func printMounted(w io.Writer, cfg *mountConfig) {
+	fmt.Fprintf(w, "mounted %s\n  workspace: %s\n  state dir: %s\n  socket:    %s\n  mode:      %s\n",
+		cfg.mountpoint, cfg.workspace, cfg.state, socketPath(cfg.state), cfg.mode)
 }
 
 // runDaemon is the background daemon's entry point.

@@ -154,12 +154,23 @@ func dialForRun(ctx context.Context, cf *clientFlags) (*control.Client, error) {
 	if werr != nil {
 		return nil, err
 	}
-	if real, rerr := filepath.EvalSymlinks(wd); rerr == nil {
-		wd = real
+	best, _ := daemonForWorkspacePath(ctx, wd)
+	if best == nil {
+		return nil, &noDaemonError{fmt.Errorf("no stagefs mount or mounted workspace holds %s: pass -m MOUNTPOINT, --socket PATH or set STAGEFS_SOCKET", wd)}
+	}
+	return best, nil
+}
+
+// daemonForWorkspacePath connects to the daemon whose workspace holds p
+// (the innermost, if workspaces nest) and returns its initialize result;
+// nil if none does.
+func daemonForWorkspacePath(ctx context.Context, p string) (*control.Client, control.InitializeResult) {
+	if real, err := filepath.EvalSymlinks(p); err == nil {
+		p = real
 	}
 	ms, _ := readMounts()
 	var best *control.Client
-	bestWS := ""
+	var bestInit control.InitializeResult
 	for _, m := range ms {
 		if !strings.HasPrefix(m.source, stagefsSourcePrefix) {
 			continue
@@ -171,19 +182,16 @@ func dialForRun(ctx context.Context, cf *clientFlags) (*control.Client, error) {
 		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		init, ierr := cand.Initialize(ictx)
 		cancel()
-		if ierr != nil || !within(wd, init.Workspace) || len(init.Workspace) <= len(bestWS) {
+		if ierr != nil || !within(p, init.Workspace) || len(init.Workspace) <= len(bestInit.Workspace) {
 			cand.Close()
 			continue
 		}
 		if best != nil {
 			best.Close()
 		}
-		best, bestWS = cand, init.Workspace
+		best, bestInit = cand, init
 	}
-	if best == nil {
-		return nil, &noDaemonError{fmt.Errorf("no stagefs mount or mounted workspace holds %s: pass -m MOUNTPOINT, --socket PATH or set STAGEFS_SOCKET", wd)}
-	}
-	return best, nil
+	return best, bestInit
 }
 
 // runWorkdir picks the command's working directory as a path under the

@@ -126,6 +126,12 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		ctl.Close()
 		os.Remove(socketPath(cfg.state))
 	}()
+	hooks, err := newHookChannel(b, logger.Printf).serve(control.HookSocketName(cfg.state))
+	if err != nil {
+		server.Unmount()
+		return err
+	}
+	defer hooks.Close()
 	// Logged before the mount is reported ready, so it is there to read.
 	logger.Printf("passthrough of pending bodies: %s", mfs.Passthrough())
 	if ready != nil {

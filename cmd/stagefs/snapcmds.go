@@ -28,17 +28,19 @@ func printSnapshot(verb string, s control.SnapshotInfo) {
 
 func runSnapshot(ctx context.Context, args []string) error {
 	var pid int
+	var label string
 	cf, rest, c, err := parseClient("snapshot", args, func(fs *pflag.FlagSet) {
 		fs.IntVar(&pid, "pid", 0, "capture only mutations by this process and its descendants")
+		fs.StringVar(&label, "label", "", "what the tool call is, for people (a tool and its command or file)")
 	})
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	if len(rest) < 1 {
-		return usagef("usage: stagefs snapshot SCOPE [PATH...] [--pid PID]")
+		return usagef("usage: stagefs snapshot SCOPE [PATH...] [--pid PID] [--label TEXT]")
 	}
-	res, err := c.Snapshot(ctx, control.SnapshotParams{ScopeID: rest[0], Paths: rest[1:], Pid: pid})
+	res, err := c.Snapshot(ctx, control.SnapshotParams{ScopeID: rest[0], Paths: rest[1:], Pid: pid, Label: label})
 	if err != nil {
 		return err
 	}
@@ -139,7 +141,7 @@ func runSnapshots(ctx context.Context, args []string) error {
 		if s.Open {
 			state = "open"
 		}
-		fmt.Printf("%-24s %-6s %s  %d path(s)  %s\n", s.ScopeID, state, s.Created, len(s.Paths), humanBytes(s.Bytes))
+		fmt.Printf("%-24s %-6s %s  %d path(s)  %s  %s\n", s.ScopeID, state, s.Created, len(s.Paths), humanBytes(s.Bytes), s.Label)
 	}
 	return nil
 }

@@ -26,7 +26,7 @@ func snapshotInfo(i snapshot.Info) control.SnapshotInfo {
 		paths = []string{}
 	}
 	return control.SnapshotInfo{
-		SnapshotID: i.ID, ScopeID: i.ScopeID, Turn: i.Turn, Pid: i.Pid,
+		SnapshotID: i.ID, ScopeID: i.ScopeID, Turn: i.Turn, Pid: i.Pid, Label: i.Label,
 		Created: time.Unix(0, i.Created).UTC().Format(time.RFC3339Nano),
 		Open:    !i.Closed, Paths: paths, Bytes: i.Bytes,
 		Workspace: i.Workspace, Uncaptured: i.Uncaptured, Incomplete: len(i.Uncaptured) > 0,
@@ -64,7 +64,7 @@ func (b *backend) openSnapshot(ctx context.Context, p control.SnapshotParams) (c
 	if err := checkScope(p.ScopeID); err != nil {
 		return control.SnapshotInfo{}, err
 	}
-	info, err := b.eng.OpenSnapshot(p.ScopeID, b.eng.CurrentTurn(), p.Pid, rel)
+	info, err := b.eng.OpenLabeledSnapshot(p.ScopeID, b.eng.CurrentTurn(), shortLabel(p.Label), p.Pid, rel)
 	if err != nil {
 		return control.SnapshotInfo{}, snapshotError(p.ScopeID, err)
 	}
@@ -148,4 +148,17 @@ func (b *backend) dropSnapshot(ctx context.Context, p control.ScopeParams) (cont
 		return control.DropSnapshotResult{}, snapshotError(p.ScopeID, err)
 	}
 	return control.DropSnapshotResult{Dropped: true}, nil
+}
+
+// maxLabel bounds a snapshot's or turn's label: a person reads it in a
+// listing, and a hook may pass a whole prompt or script.
+const maxLabel = 120
+
+// shortLabel makes a label one line of at most maxLabel characters.
+func shortLabel(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > maxLabel {
+		s = string(r[:maxLabel-1]) + "…"
+	}
+	return s
 }

@@ -28,7 +28,7 @@ func turnInfo(t overlay.Turn) control.TurnInfo {
 }
 
 func (b *backend) turn(ctx context.Context, p control.TurnParams) (control.TurnInfo, error) {
-	t, err := b.eng.StartTurn(p.TurnID, p.Label)
+	t, err := b.eng.StartTurn(p.TurnID, shortLabel(p.Label))
 	if err != nil {
 		return control.TurnInfo{}, snapshotError("turn:"+p.TurnID, err)
 	}
