@@ -60,7 +60,7 @@ func Hook(a *Agent, payload []byte, dial func() (*control.Client, error), self, 
 	}
 	c, err := dial()
 	if err != nil {
-		return failure(action, fmt.Sprintf("stagefs: the staged view of %s is not being served (%v). Refused so that nothing runs unprotected; nothing staged is lost. Start it again with `stagefs %s` (or `stagefs mount`) from the workspace.", orUnknown(workspace), err, a.Name))
+		return failure(action, fmt.Sprintf("stagefs: the staged view of %s is not being served (%v); nothing staged is lost. Start it again with `stagefs %s` (or `stagefs mount`) from the workspace.", orUnknown(workspace), err, a.Name))
 	}
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), HookTimeout)
@@ -71,7 +71,7 @@ func Hook(a *Agent, payload []byte, dial func() (*control.Client, error), self, 
 	case StartTurn:
 		turn := scopeID(str(ev, a.TurnIDField))
 		if _, err := c.HookTurn(ctx, control.HookTurnParams{SessionID: session, TurnID: turn, Label: firstLine(str(ev, a.PromptField))}); err != nil {
-			return failure(action, "stagefs: cannot start a turn for this prompt: "+err.Error())
+			return failure(action, "stagefs: cannot start a turn for this prompt: "+err.Error()+".")
 		}
 		return Answer{}
 	case StartToolCall:
@@ -105,7 +105,7 @@ func startToolCall(ctx context.Context, a *Agent, c *control.Client, ev map[stri
 		Bind:      shell,
 	})
 	if err != nil {
-		return failure(StartToolCall, "stagefs: cannot open a snapshot for this tool call, so it was not run: "+err.Error())
+		return failure(StartToolCall, "stagefs: cannot open a snapshot for this tool call: "+err.Error()+".")
 	}
 	if !shell {
 		return Answer{}
@@ -132,7 +132,7 @@ func BindPrefix(self, scope string) string {
 // would let something run unprotected are refused, the rest only warn.
 func failure(action Action, msg string) Answer {
 	if action == StartTurn || action == StartToolCall {
-		return Answer{Stderr: msg, Exit: ExitRefused}
+		return Answer{Stderr: msg + " Refused, so that nothing runs unprotected.", Exit: ExitRefused}
 	}
 	return Answer{Stderr: msg, Exit: ExitWarn}
 }

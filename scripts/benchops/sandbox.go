@@ -1,11 +1,15 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
+
+	"stagefs/control"
 )
 
 // measureSandbox times starting a command in `stagefs run`'s sandbox
@@ -49,4 +53,55 @@ func measureSandbox(bin, root string) {
 	fmt.Printf("%-34s %9s\n", "true, started directly", ms(direct))
 	fmt.Printf("%-34s %9s\n", "stagefs run -- true", ms(run))
 	fmt.Printf("%-34s %9s\n", "stagefs run --scope ID -- true", ms(withScope))
+	measureHooks(bin, mnt)
+}
+
+// measureHooks times what stagefs claude's hooks add to one tool call: the
+// hook processes Claude Code starts before and after it (and, for a shell
+// command, the bind line it runs first), each a `stagefs hook` talking to
+// the hook channel, against the daemon at mnt.
+func measureHooks(bin, mnt string) {
+	c, err := control.Dial(filepath.Join(filepath.Dir(mnt), "st", "control.sock"))
+	if err != nil {
+		fail(err)
+	}
+	init, err := c.Initialize(context.Background())
+	c.Close()
+	if err != nil {
+		fail(err)
+	}
+	hook := func(payload string) error {
+		cmd := exec.Command(bin, "hook", "claude")
+		cmd.Env = append(os.Environ(), "STAGEFS_HOOK_SOCKET="+init.HookSocket)
+		cmd.Stdin = strings.NewReader(payload)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("stagefs hook claude: %v: %s", err, out)
+		}
+		return nil
+	}
+	n := 0
+	write := timed(func() error {
+		n++
+		id := fmt.Sprintf("toolu_bench_w%d_%d", time.Now().UnixNano(), n)
+		if err := hook(`{"hook_event_name":"PreToolUse","session_id":"bench","tool_name":"Write","tool_input":{"file_path":"/x"},"tool_use_id":"` + id + `"}`); err != nil {
+			return err
+		}
+		return hook(`{"hook_event_name":"PostToolUse","session_id":"bench","tool_use_id":"` + id + `"}`)
+	})
+	bash := timed(func() error {
+		n++
+		id := fmt.Sprintf("toolu_bench_b%d_%d", time.Now().UnixNano(), n)
+		if err := hook(`{"hook_event_name":"PreToolUse","session_id":"bench","tool_name":"Bash","tool_input":{"command":"true"},"tool_use_id":"` + id + `"}`); err != nil {
+			return err
+		}
+		// The bind line runs in the command's shell.
+		bind := exec.Command("sh", "-c", `"$0" hook bind "$1"`, bin, id)
+		bind.Env = append(os.Environ(), "STAGEFS_HOOK_SOCKET="+init.HookSocket)
+		if out, err := bind.CombinedOutput(); err != nil {
+			return fmt.Errorf("stagefs hook bind: %v: %s", err, out)
+		}
+		return hook(`{"hook_event_name":"PostToolUse","session_id":"bench","tool_use_id":"` + id + `"}`)
+	})
+	fmt.Printf("%-34s %9s\n", "hooks of a Write tool call", ms(write))
+	fmt.Printf("%-34s %9s\n", "hooks of a Bash tool call (+bind)", ms(bash))
 }
