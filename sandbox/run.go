@@ -42,9 +42,13 @@ type Spec struct {
 	Workdir   string   // the working directory, a path under Workspace
 	Argv      []string // the command
 	Env       []string // added to the caller's environment
+	// The command's standard streams; nil: the caller's own.
+	Stdin, Stdout, Stderr *os.File
 	// Forward decides whether a signal the caller received goes on to the
 	// command (nil: always).
 	Forward func(os.Signal) bool
+	// Signals carries signals the caller sends the command itself.
+	Signals <-chan os.Signal
 }
 
 // Result is how the command ended.
@@ -70,7 +74,7 @@ func Run(spec Spec) (Result, error) {
 
 	var refusals []string // why each way of making the namespace failed
 	for _, w := range ways() {
-		res, err := start(args, append(os.Environ(), spec.Env...), w, spec.Forward)
+		res, err := start(args, append(os.Environ(), spec.Env...), spec.streams(), w, spec.Forward, spec.Signals)
 		var refused *refusal
 		if errors.As(err, &refused) {
 			refusals = append(refusals, refused.msg)
@@ -82,6 +86,17 @@ func Run(spec Spec) (Result, error) {
 		strings.Join(refusals, "; "))
 }
 
+// streams are the command's standard streams.
+func (spec Spec) streams() [3]*os.File {
+	out := [3]*os.File{os.Stdin, os.Stdout, os.Stderr}
+	for i, f := range []*os.File{spec.Stdin, spec.Stdout, spec.Stderr} {
+		if f != nil {
+			out[i] = f
+		}
+	}
+	return out
+}
+
 // refusal is a way of making the namespace that the kernel refused; the
 // next one is tried.
 type refusal struct{ msg string }
@@ -89,7 +104,7 @@ type refusal struct{ msg string }
 func (r *refusal) Error() string { return r.msg }
 
 // start makes the namespace one way and runs init in it.
-func start(args, env []string, w way, forward func(os.Signal) bool) (Result, error) {
+func start(args, env []string, stdio [3]*os.File, w way, forward func(os.Signal) bool, own <-chan os.Signal) (Result, error) {
 	reportR, reportW, err := os.Pipe()
 	if err != nil {
 		return Result{}, err
@@ -106,9 +121,9 @@ func start(args, env []string, w way, forward func(os.Signal) bool) (Result, err
 		Args:        append([]string{"stagefs"}, args...),
 		Dir:         "/", // init holds nothing of the real workspace
 		Env:         env,
-		Stdin:       os.Stdin,
-		Stdout:      os.Stdout,
-		Stderr:      os.Stderr,
+		Stdin:       stdio[0],
+		Stdout:      stdio[1],
+		Stderr:      stdio[2],
 		ExtraFiles:  []*os.File{reportW, sigR}, // fds 3 and 4
 		SysProcAttr: w.attr,
 	}
@@ -134,6 +149,8 @@ func start(args, env []string, w way, forward func(os.Signal) bool) (Result, err
 				if forward == nil || forward(s) {
 					sigW.Write([]byte{byte(s.(syscall.Signal))})
 				}
+			case s := <-own:
+				sigW.Write([]byte{byte(s.(syscall.Signal))})
 			case <-done:
 				return
 			}
