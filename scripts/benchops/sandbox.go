@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -54,6 +57,7 @@ func measureSandbox(bin, root string) {
 	fmt.Printf("%-34s %9s\n", "stagefs run -- true", ms(run))
 	fmt.Printf("%-34s %9s\n", "stagefs run --scope ID -- true", ms(withScope))
 	measureHooks(bin, mnt)
+	measureACP(bin, mnt)
 }
 
 // measureHooks times what stagefs claude's hooks add to one tool call: the
@@ -104,4 +108,71 @@ func measureHooks(bin, mnt string) {
 	})
 	fmt.Printf("%-34s %9s\n", "hooks of a Write tool call", ms(write))
 	fmt.Printf("%-34s %9s\n", "hooks of a Bash tool call (+bind)", ms(bash))
+}
+
+// measureACP times what stagefs acp adds: a message relayed to the agent
+// and back (the agent is cat, which echoes each line, so every message
+// crosses the proxy twice), against the same echo through plain pipes; and
+// a tool call's snapshot work, as the echo of a tool_call notification
+// and its completed update.
+func measureACP(bin, mnt string) {
+	rtt := func(name string, args []string, lines func(i int) []string) time.Duration {
+		cmd := exec.Command(name, args...)
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			fail(err)
+		}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			fail(err)
+		}
+		if err := cmd.Start(); err != nil {
+			fail(err)
+		}
+		defer func() { in.Close(); cmd.Wait() }()
+		r := bufio.NewReader(out)
+		i := 0
+		return timedN(51, func() error {
+			i++
+			for _, l := range lines(i) {
+				if _, err := io.WriteString(in, l+"\n"); err != nil {
+					return err
+				}
+				if _, err := r.ReadString('\n'); err != nil {
+					return fmt.Errorf("%s: %v", name, err)
+				}
+			}
+			return nil
+		})
+	}
+	ping := func(i int) []string {
+		return []string{fmt.Sprintf(`{"jsonrpc":"2.0","method":"bench/ping","params":{"i":%d}}`, i)}
+	}
+	toolCall := func(i int) []string {
+		id := fmt.Sprintf("bench-%d-%d", time.Now().UnixNano(), i)
+		return []string{
+			`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"` + id + `","title":"bench","kind":"edit","status":"pending"}}}`,
+			`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"` + id + `","status":"completed"}}}`,
+		}
+	}
+	direct := rtt("cat", nil, ping)
+	relayed := rtt(bin, []string{"acp", "-m", mnt, "--", "cat"}, ping)
+	direct2 := rtt("cat", nil, toolCall)
+	snap := rtt(bin, []string{"acp", "-m", mnt, "--", "cat"}, toolCall)
+	fmt.Printf("%-34s %9s\n", "acp: a message relayed (each way)", fmt.Sprintf("%dµs", (max(relayed-direct, 0)/2).Microseconds()))
+	fmt.Printf("%-34s %9s\n", "acp: a tool call's snapshot work", ms(max(snap-direct2-2*(relayed-direct), 0)))
+}
+
+// timedN is timed with n repetitions.
+func timedN(n int, fn func() error) time.Duration {
+	var ds []time.Duration
+	for i := 0; i < n; i++ {
+		s := time.Now()
+		if err := fn(); err != nil {
+			fail(err)
+		}
+		ds = append(ds, time.Since(s))
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2]
 }
