@@ -46,8 +46,16 @@ type Agent struct {
 
 	// Wire returns the arguments put before the user's and the variables
 	// added to the agent's environment that make it run hookCommand at
-	// its events, without touching any file of the user's.
-	Wire func(hookCommand string) (args, env []string, err error)
+	// its events, without touching any file of the user's. scratch is a
+	// private directory that lives as long as the agent runs, readable
+	// inside the sandbox.
+	Wire func(hookCommand, scratch string) (args, env []string, err error)
+	// Preflight, if set, checks before the agent starts that its hooks
+	// will run: bin is its binary, env the environment Wire made.
+	Preflight func(bin string, env []string) error
+	// Note, if set, is printed when the agent exits: what stagefs had to
+	// do to the agent's settings for its hooks to run.
+	Note string
 }
 
 // hookTimeoutSeconds is how long an agent waits for a hook: HookTimeout
@@ -75,14 +83,14 @@ var Claude = Agent{
 	RewriteInput: func(event string, input map[string]any) any {
 		return map[string]any{"hookSpecificOutput": map[string]any{"hookEventName": event, "updatedInput": input}}
 	},
-	Wire: func(hookCommand string) ([]string, []string, error) {
+	Wire: func(hookCommand, _ string) ([]string, []string, error) {
 		s, err := claudeSettings(hookCommand)
 		return []string{"--settings", s}, nil, err
 	},
 }
 
 // All lists the agents stagefs knows, by name.
-var All = map[string]*Agent{Claude.Name: &Claude}
+var All = map[string]*Agent{Claude.Name: &Claude, Codex.Name: &Codex, Gemini.Name: &Gemini}
 
 // Lookup finds an agent by name.
 func Lookup(name string) (*Agent, error) {
@@ -114,17 +122,42 @@ var claudeEvents = map[string]Action{
 }
 
 // claudeSettings is the settings layer `stagefs claude` gives Claude Code
-// on its command line (--settings): hooks for the events in Claude.Events,
+// on its command line (--settings): hooks for the events in claudeEvents,
 // beside the user's own settings and hooks, which stay in force.
 func claudeSettings(hookCommand string) (string, error) {
+	b, err := json.Marshal(map[string]any{"hooks": hookEntries(claudeEvents, hookCommand, hookTimeoutSeconds, false)})
+	return string(b), err
+}
+
+// hookEntries is the "hooks" table the three agents share: for each
+// event, one entry running hookCommand (tool events match every tool).
+// timeout is in the agent's unit; named adds the name Gemini CLI shows.
+func hookEntries(events map[string]Action, hookCommand string, timeout int, named bool) map[string]any {
 	hooks := map[string]any{}
-	for event := range claudeEvents {
-		entry := map[string]any{"hooks": []any{map[string]any{"type": "command", "command": hookCommand, "timeout": hookTimeoutSeconds}}}
-		if strings.Contains(event, "ToolUse") {
+	for event := range events {
+		h := map[string]any{"type": "command", "command": hookCommand, "timeout": timeout}
+		if named {
+			h["name"] = "stagefs"
+		}
+		entry := map[string]any{"hooks": []any{h}}
+		if strings.Contains(event, "Tool") {
 			entry["matcher"] = "*"
 		}
 		hooks[event] = []any{entry}
 	}
-	b, err := json.Marshal(map[string]any{"hooks": hooks})
-	return string(b), err
+	return hooks
+}
+
+// mergeHooks adds ours to the "hooks" table of a settings object, after
+// the entries already there, so that the user's hooks keep running first.
+func mergeHooks(settings map[string]any, ours map[string]any) {
+	hooks, _ := settings["hooks"].(map[string]any)
+	if hooks == nil {
+		hooks = map[string]any{}
+	}
+	for event, entries := range ours {
+		have, _ := hooks[event].([]any)
+		hooks[event] = append(have, entries.([]any)...)
+	}
+	settings["hooks"] = hooks
 }

@@ -90,7 +90,7 @@ func TestClaudeEvents(t *testing.T) {
 }
 
 func TestClaudeSettingsWireEveryEvent(t *testing.T) {
-	args, env, err := Claude.Wire("'/x/stagefs' hook claude")
+	args, env, err := Claude.Wire("'/x/stagefs' hook claude", t.TempDir())
 	if err != nil || len(args) != 2 || args[0] != "--settings" || len(env) != 0 {
 		t.Fatalf("Wire: %q %q %v", args, env, err)
 	}

@@ -18,9 +18,9 @@ import (
 	"stagefs/sandbox"
 )
 
-func runClaude(ctx context.Context, args []string) error {
-	return runAgent(ctx, &agents.Claude, args)
-}
+func runClaude(ctx context.Context, args []string) error { return runAgent(ctx, &agents.Claude, args) }
+func runCodex(ctx context.Context, args []string) error  { return runAgent(ctx, &agents.Codex, args) }
+func runGemini(ctx context.Context, args []string) error { return runAgent(ctx, &agents.Gemini, args) }
 
 // runAgent is `stagefs AGENT [-m MOUNTPOINT | mount flags] [--workspace
 // DIR] [--AGENT PATH] [-- AGENT_ARGS...]`.
@@ -69,7 +69,14 @@ func runAgent(ctx context.Context, a *agents.Agent, args []string) error {
 	if err != nil {
 		return err
 	}
-	wireArgs, wireEnv, err := a.Wire(shellQuote(self) + " hook " + a.Name)
+	// The agent's settings layer lives outside the state dir, which the
+	// sandbox hides, for as long as the agent runs.
+	scratch, err := os.MkdirTemp("", "stagefs-"+a.Name+"-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(scratch)
+	wireArgs, wireEnv, err := a.Wire(shellQuote(self)+" hook "+a.Name, scratch)
 	if err != nil {
 		return err
 	}
@@ -77,6 +84,11 @@ func runAgent(ctx context.Context, a *agents.Agent, args []string) error {
 		agents.EnvHookSocket + "=" + init.HookSocket,
 		agents.EnvWorkspace + "=" + init.Workspace,
 	}, wireEnv...)
+	if a.Preflight != nil {
+		if err := a.Preflight(path, env); err != nil {
+			return err
+		}
+	}
 
 	started := time.Now()
 	res, err := sandbox.Run(sandbox.Spec{
@@ -241,6 +253,9 @@ func printAgentSummary(ctx context.Context, a *agents.Agent, c *control.Client, 
 	fmt.Fprintf(w, "  roll back a prompt: stagefs rollback %s %s   (stagefs checkpoints %s; stagefs redo %s)\n", m, lastTurn, m, m)
 	fmt.Fprintf(w, "  commit:          stagefs commit %s [PATH...]\n", m)
 	fmt.Fprintf(w, "  unmount:         stagefs unmount %s\n", shellQuote(init.Mount))
+	if a.Note != "" {
+		fmt.Fprintf(w, "  note: %s\n", a.Note)
+	}
 }
 
 // shellQuote quotes s for a POSIX shell when it needs it.

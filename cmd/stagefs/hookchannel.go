@@ -95,11 +95,16 @@ func (h *hookChannel) start(ctx context.Context, p control.HookToolCallStartPara
 	defer h.mu.Unlock()
 	sess := h.session(p.SessionID)
 	scope := p.ScopeID
-	if scope == "" {
+	for scope == "" {
 		// An agent whose hooks carry no tool call id (Gemini CLI): the
-		// session's own numbered ids, paired with the ends in order.
+		// session's own numbered ids, paired with the ends in order. A
+		// number a snapshot holds already (the daemon restarted) is
+		// skipped: reusing it would replace that snapshot.
 		sess.next++
 		scope = fmt.Sprintf("%s-%d", scopeSafe(p.SessionID), sess.next)
+		if _, taken := h.b.snaps.Lookup(scope); taken {
+			scope = ""
+		}
 	}
 	if err := checkScope(scope); err != nil {
 		return control.HookToolCallStartResult{}, err
@@ -198,7 +203,8 @@ func (h *hookChannel) sessionEnd(ctx context.Context, p control.HookSessionEndPa
 		}
 		res.Closed = append(res.Closed, r.ScopeID)
 	}
-	delete(h.sessions, p.SessionID)
+	// The session's counter stays: an agent may end a prompt this way
+	// (Gemini CLI's AfterAgent) and go on numbering its tool calls.
 	return res, nil
 }
 

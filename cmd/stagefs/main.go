@@ -75,6 +75,8 @@ func init() {
 		{"user", "user PID [--remove]: mark a process tree as the user's (never rolled back silently)", runUser},
 		{"run", "run [-m MOUNT] [--scope ID] [--workdir DIR] -- CMD [ARGS...]: run CMD at the workspace's own path, staged", runRun},
 		{"claude", "claude [-m MOUNT | mount flags] [--workspace DIR] [--claude PATH] [-- CLAUDE_ARGS...]: Claude Code in the staged view; every prompt a turn, every tool call a snapshot", runClaude},
+		{"codex", "codex [-m MOUNT | mount flags] [--workspace DIR] [--codex PATH] [-- CODEX_ARGS...]: Codex CLI in the staged view (docs/agents.md)", runCodex},
+		{"gemini", "gemini [-m MOUNT | mount flags] [--workspace DIR] [--gemini PATH] [-- GEMINI_ARGS...]: Gemini CLI in the staged view (docs/agents.md)", runGemini},
 		{"acp", "acp [-m MOUNT | mount flags] [--workspace DIR] -- AGENT_CMD [ARGS...]: an ACP agent that runs AGENT_CMD in the staged view (docs/acp.md)", runACP},
 		{"hook", "hook AGENT | hook bind SCOPE: what an agent's hooks run (wired by stagefs claude)", runHook},
 	}
