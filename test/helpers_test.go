@@ -262,7 +262,9 @@ func shortTempDir(t *testing.T) string {
 	if len(d)+len("/ws/.stagefs-state/control.sock") < 100 {
 		return d
 	}
-	d, err := os.MkdirTemp("/tmp", "sfs")
+	// Under the test run's own temporary directory (scripts/test makes a
+	// short one), so that its leftover check knows the mount as its own.
+	d, err := os.MkdirTemp("", "sfs")
 	if err != nil {
 		t.Fatal(err)
 	}
