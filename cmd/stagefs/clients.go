@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -25,7 +26,7 @@ type clientFlags struct {
 
 func newClientFlags(name string) (*pflag.FlagSet, *clientFlags) {
 	cf := &clientFlags{}
-	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
+	fs := newFlagSet(name)
 	fs.StringVarP(&cf.mount, "mount", "m", "", "the stagefs mount point to talk to")
 	fs.StringVar(&cf.socket, "socket", "", "the daemon's control socket")
 	fs.BoolVar(&cf.json, "json", false, "print the result as JSON")
@@ -73,14 +74,28 @@ func (cf *clientFlags) findSocket() (string, error) {
 	return cf.socket, nil
 }
 
+// dial connects to the daemon: -m, --socket, $STAGEFS_SOCKET, the mount
+// holding the current directory, or the daemon whose workspace holds it
+// (clients are as often run from the workspace as from the mount).
 func (cf *clientFlags) dial() (*control.Client, error) {
 	sock, err := cf.findSocket()
 	if err != nil {
-		return nil, err
+		var nd *noDaemonError
+		if !errors.As(err, &nd) || cf.mount != "" || cf.socket != "" || os.Getenv("STAGEFS_SOCKET") != "" {
+			return nil, err
+		}
+		wd, werr := os.Getwd()
+		if werr != nil {
+			return nil, err
+		}
+		if c, _ := daemonForWorkspacePath(context.Background(), wd); c != nil {
+			return c, nil
+		}
+		return nil, &noDaemonError{fmt.Errorf("no stagefs mount or mounted workspace holds %s: pass -m MOUNTPOINT, --socket PATH or set STAGEFS_SOCKET (or mount it: stagefs mount WORKSPACE MOUNTPOINT)", wd)}
 	}
 	c, err := control.Dial(sock)
 	if err != nil {
-		return nil, &noDaemonError{err}
+		return nil, &noDaemonError{fmt.Errorf("%w; if the daemon was killed or the machine restarted, mount again (stagefs mount WORKSPACE MOUNTPOINT): nothing staged is lost", err)}
 	}
 	return c, nil
 }
@@ -112,6 +127,10 @@ func runStatus(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.Close()
+	paths, err = fromHere(ctx, c, paths)
+	if err != nil {
+		return err
+	}
 	res, err := c.Status(ctx, paths)
 	if err != nil {
 		return err
@@ -195,6 +214,10 @@ func runDiff(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.Close()
+	paths, err = fromHere(ctx, c, paths)
+	if err != nil {
+		return err
+	}
 	res, err := c.Diff(ctx, paths)
 	if err != nil {
 		return err
@@ -241,6 +264,10 @@ func runCommit(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.Close()
+	paths, err = fromHere(ctx, c, paths)
+	if err != nil {
+		return err
+	}
 	res, err := c.Commit(ctx, control.CommitParams{Paths: paths, Force: force})
 	if err != nil {
 		return err
@@ -278,6 +305,10 @@ func runDiscard(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.Close()
+	paths, err = fromHere(ctx, c, paths)
+	if err != nil {
+		return err
+	}
 	res, err := c.Discard(ctx, paths)
 	if err != nil {
 		return err
@@ -336,6 +367,10 @@ func runLog(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.Close()
+	paths, err = fromHere(ctx, c, paths)
+	if err != nil {
+		return err
+	}
 	res, err := c.Log(ctx, control.LogParams{Since: since, Paths: paths, Limit: limit})
 	if err != nil {
 		return err
@@ -406,7 +441,11 @@ func runRead(ctx context.Context, args []string) error {
 	if len(rest) != 1 {
 		return usagef("usage: stagefs read PATH")
 	}
-	res, err := c.ReadText(ctx, rest[0])
+	here, err := fromHere(ctx, c, rest[:1])
+	if err != nil {
+		return err
+	}
+	res, err := c.ReadText(ctx, here[0])
 	if err != nil {
 		return err
 	}
@@ -460,6 +499,11 @@ func runPatch(ctx context.Context, args []string) error {
 		}
 		p.Edits = append(p.Edits, control.TextEdit{OldText: old, NewText: nw})
 	}
+	here, err := fromHere(ctx, c, []string{p.Path})
+	if err != nil {
+		return err
+	}
+	p.Path = here[0]
 	res, err := c.SafeTextPatch(ctx, p)
 	if err != nil {
 		return err
@@ -482,4 +526,42 @@ func orNone(s string) string {
 		return "(none)"
 	}
 	return s
+}
+
+// fromHere makes the relative PATH arguments of a client command relative
+// to the current directory, as git does, when that directory is inside the
+// mount or the workspace: `stagefs status print.go` in mnt/src/fmt means
+// src/fmt/print.go. Elsewhere they stay relative to the workspace's root.
+// Absolute paths go as they are; the daemon maps those under the mount or
+// the workspace.
+func fromHere(ctx context.Context, c *control.Client, paths []string) ([]string, error) {
+	relative := false
+	for _, p := range paths {
+		relative = relative || !filepath.IsAbs(p)
+	}
+	if !relative {
+		return paths, nil
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return paths, nil
+	}
+	if real, err := filepath.EvalSymlinks(wd); err == nil {
+		wd = real
+	}
+	init, err := c.Initialize(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if !within(wd, init.Mount) && !within(wd, init.Workspace) {
+		return paths, nil
+	}
+	out := make([]string, len(paths))
+	for i, p := range paths {
+		out[i] = p
+		if !filepath.IsAbs(p) {
+			out[i] = filepath.Join(wd, p)
+		}
+	}
+	return out, nil
 }

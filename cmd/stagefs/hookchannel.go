@@ -109,6 +109,9 @@ func (h *hookChannel) start(ctx context.Context, p control.HookToolCallStartPara
 	if err := checkScope(scope); err != nil {
 		return control.HookToolCallStartResult{}, err
 	}
+	if err := h.b.checkScopeUnused(scope); err != nil {
+		return control.HookToolCallStartResult{}, err
+	}
 	if _, ok := h.prepared[scope]; ok {
 		return control.HookToolCallStartResult{}, control.Errorf(control.CodeBusy, "tool call %q has started already", scope)
 	}

@@ -52,26 +52,26 @@ var commands []command
 func init() {
 	commands = []command{
 		{"mount", "mount WORKSPACE MOUNTPOINT: lay a staged overlay over WORKSPACE at MOUNTPOINT", runMount},
-		{"unmount", "unmount MOUNTPOINT: unmount; the pending set is kept", runUnmount},
+		{"unmount", "unmount MOUNTPOINT [--lazy]: unmount; the pending set is kept", runUnmount},
 		{"status", "status [PATH...]: list pending changes", runStatus},
 		{"diff", "diff [PATH...] [--color auto|always|never]: unified diff of pending changes (git apply compatible)", runDiff},
 		{"commit", "commit [PATH...] [--force]: apply pending changes to the workspace", runCommit},
 		{"discard", "discard [PATH...]: drop pending changes", runDiscard},
 		{"mode", "mode [staged|immediate]: show or switch the write mode", runMode},
-		{"log", "log [--since SEQ] [PATH...]: show the journal", runLog},
+		{"log", "log [--since SEQ] [--limit N] [PATH...]: show the journal", runLog},
 		{"events", "events: follow session/update events", runEvents},
 		{"read", "read PATH: print a file as the mount shows it, with its sha256", runRead},
 		{"patch", "patch PATH --expect SHA256 (--content-file F | --edit OLD=NEW): compare-and-swap write", runPatch},
-		{"snapshot", "snapshot SCOPE [PATH...] [--pid PID]: open a tool call's snapshot (capture now with PATHs)", runSnapshot},
+		{"snapshot", "snapshot SCOPE [PATH...] [--pid PID] [--label TEXT]: open a tool call's snapshot (capture now with PATHs)", runSnapshot},
 		{"close", "close SCOPE: close a snapshot; prints the captured paths", runClose},
-		{"restore", "restore SCOPE: put a tool call's pre-images back", runRestore},
+		{"restore", "restore SCOPE [--keep-later]: put a tool call's pre-images back", runRestore},
 		{"snapshots", "snapshots: list snapshots, oldest first", runSnapshots},
 		{"drop", "drop SCOPE: delete a snapshot", runDrop},
 		{"exec", "exec --scope SCOPE [-C DIR] -- CMD [ARGS...]: run CMD in the mount as one tool call", runExec},
 		{"turn", "turn [ID] [--label TEXT]: start a turn (ends the previous one)", runTurn},
 		{"checkpoints", "checkpoints: list turns, newest first", runCheckpoints},
 		{"rollback", "rollback [TURN] [--force] [--diff] [-- PATH...]: return to the start of a turn", runRollback},
-		{"redo", "redo: take back the last rollback", runRedo},
+		{"redo", "redo [--force]: take back the last rollback", runRedo},
 		{"user", "user PID [--remove]: mark a process tree as the user's (never rolled back silently)", runUser},
 		{"run", "run [-m MOUNT] [--scope ID] [--workdir DIR] -- CMD [ARGS...]: run CMD at the workspace's own path, staged", runRun},
 		{"claude", "claude [-m MOUNT | mount flags] [--workspace DIR] [--claude PATH] [-- CLAUDE_ARGS...]: Claude Code in the staged view; every prompt a turn, every tool call a snapshot", runClaude},
@@ -114,9 +114,16 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "stagefs: unknown command %q (see stagefs --help)\n", args[0])
 		return exitUsage
 	}
+	if cmd.name == "hook" && wantsHelp(args[1:]) {
+		printCommandHelp(os.Stdout, cmd.name, nil)
+		return exitOK
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err := cmd.run(ctx, args[1:])
+	if helpShown {
+		return exitOK
+	}
 	return exitCode(err)
 }
 

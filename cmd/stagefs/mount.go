@@ -40,7 +40,7 @@ type mountConfig struct {
 }
 
 func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
-	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
+	fs := newFlagSet(name)
 	fs.StringVar(&cfg.state, "state", "", "state dir (default: $XDG_STATE_HOME/stagefs/NAME-HASH, else ~/.local/state/stagefs/NAME-HASH)")
 	fs.StringVar(&cfg.mode, "mode", "staged", "write mode: staged or immediate")
 	fs.BoolVar(&cfg.foreground, "foreground", false, "stay attached; unmount on SIGINT/SIGTERM")
@@ -66,6 +66,13 @@ func runMount(ctx context.Context, args []string) error {
 	}
 	if fs.NArg() != 2 {
 		return usagef("usage: stagefs mount WORKSPACE MOUNTPOINT [--state DIR] [--mode staged|immediate] [--foreground] [--debug]")
+	}
+	// A missing mount point is made, as a new user expects; a dead mount
+	// left by a killed daemon (ENOTCONN) is cleared by serve instead.
+	if _, err := os.Stat(fs.Arg(1)); errors.Is(err, os.ErrNotExist) {
+		if err := os.MkdirAll(fs.Arg(1), 0o755); err != nil {
+			return fmt.Errorf("make the mount point: %w", err)
+		}
 	}
 	if err := cfg.resolve(fs.Arg(0), fs.Arg(1)); err != nil {
 		return err

@@ -8,7 +8,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -51,7 +50,7 @@ func runRun(ctx context.Context, args []string) error {
 	}
 	argv := fs.Args()
 
-	c, err := dialForRun(ctx, cf)
+	c, err := cf.dial()
 	if err != nil {
 		return err
 	}
@@ -98,7 +97,14 @@ func runRun(ctx context.Context, args []string) error {
 		bg, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := closeRunSnapshot(bg, c, scope, &res); err != nil {
-			fmt.Fprintf(os.Stderr, "stagefs run: closing the snapshot %s: %v\n", scope, err)
+			// The daemon died or the mount went away while CMD ran: what
+			// CMD did was not captured as promised, so the run failed,
+			// whatever CMD's own status.
+			res.Error = fmt.Sprintf("closing the snapshot %s: %v (the daemon may have stopped: mount again, nothing staged is lost)", scope, err)
+			fmt.Fprintf(os.Stderr, "stagefs run: %s\n", res.Error)
+			if code == 0 {
+				code = exitError
+			}
 		} else if !cf.json {
 			printRunSummary(scope, *res.Snapshot, res.Changes)
 		}
@@ -138,27 +144,6 @@ func closeRunSnapshot(ctx context.Context, c *control.Client, scope string, res 
 	}
 	res.Snapshot, res.Changes = &info, changes
 	return nil
-}
-
-// dialForRun finds the daemon like every client (-m, --socket,
-// $STAGEFS_SOCKET, the mount holding the current directory) and, failing
-// that, the daemon whose workspace holds the current directory: run is
-// typically started from the workspace itself.
-func dialForRun(ctx context.Context, cf *clientFlags) (*control.Client, error) {
-	c, err := cf.dial()
-	var nd *noDaemonError
-	if err == nil || !errors.As(err, &nd) || cf.mount != "" || cf.socket != "" || os.Getenv("STAGEFS_SOCKET") != "" {
-		return c, err
-	}
-	wd, werr := os.Getwd()
-	if werr != nil {
-		return nil, err
-	}
-	best, _ := daemonForWorkspacePath(ctx, wd)
-	if best == nil {
-		return nil, &noDaemonError{fmt.Errorf("no stagefs mount or mounted workspace holds %s: pass -m MOUNTPOINT, --socket PATH or set STAGEFS_SOCKET", wd)}
-	}
-	return best, nil
 }
 
 // daemonForWorkspacePath connects to the daemon whose workspace holds p

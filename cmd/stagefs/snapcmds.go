@@ -40,7 +40,11 @@ func runSnapshot(ctx context.Context, args []string) error {
 	if len(rest) < 1 {
 		return usagef("usage: stagefs snapshot SCOPE [PATH...] [--pid PID] [--label TEXT]")
 	}
-	res, err := c.Snapshot(ctx, control.SnapshotParams{ScopeID: rest[0], Paths: rest[1:], Pid: pid, Label: label})
+	paths, err := fromHere(ctx, c, rest[1:])
+	if err != nil {
+		return err
+	}
+	res, err := c.Snapshot(ctx, control.SnapshotParams{ScopeID: rest[0], Paths: paths, Pid: pid, Label: label})
 	if err != nil {
 		return err
 	}

@@ -64,11 +64,24 @@ func (b *backend) openSnapshot(ctx context.Context, p control.SnapshotParams) (c
 	if err := checkScope(p.ScopeID); err != nil {
 		return control.SnapshotInfo{}, err
 	}
+	if err := b.checkScopeUnused(p.ScopeID); err != nil {
+		return control.SnapshotInfo{}, err
+	}
 	info, err := b.eng.OpenLabeledSnapshot(p.ScopeID, b.eng.CurrentTurn(), shortLabel(p.Label), p.Pid, rel)
 	if err != nil {
 		return control.SnapshotInfo{}, snapshotError(p.ScopeID, err)
 	}
 	return snapshotInfo(info), nil
+}
+
+// checkScopeUnused refuses a scope id that names a closed snapshot: a new
+// snapshot would replace it, and its pre-images would be gone with no
+// record. (An open one is refused by the store as busy.)
+func (b *backend) checkScopeUnused(scope string) error {
+	if info, ok := b.snaps.Lookup(scope); ok && info.Closed {
+		return control.Errorf(control.CodeBusy, "scope id %q names an earlier tool call's snapshot; choose a new id, or drop that snapshot first (stagefs drop %s)", scope, scope)
+	}
+	return nil
 }
 
 // captureFailed tells subscribers that a snapshot is incomplete. Called

@@ -216,6 +216,9 @@ func runRollback(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.Close()
+	if p.Paths, err = fromHere(ctx, c, p.Paths); err != nil {
+		return err
+	}
 	res, err := c.Rollback(ctx, p)
 	if err != nil {
 		return err

@@ -10,13 +10,11 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/spf13/pflag"
 )
 
 func runUnmount(ctx context.Context, args []string) error {
 	var lazy bool
-	fs := pflag.NewFlagSet("unmount", pflag.ContinueOnError)
+	fs := newFlagSet("unmount")
 	fs.BoolVar(&lazy, "lazy", false, "detach now even if files are open; the daemon serves until the last one is closed")
 	if err := fs.Parse(args); err != nil {
 		return usagef("%v", err)

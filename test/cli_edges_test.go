@@ -1,0 +1,143 @@
+package test
+
+// The CLI's sharp edges a new user hit (issue #19), each with the case
+// that showed it.
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Relative paths are resolved from the current directory when it is in
+// the mount or the workspace, like git; elsewhere from the workspace root.
+func TestCLIPathsFromCurrentDirectory(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"package.json": "{}\n", "node_modules/ms/package.json": "{}\n", "src/fmt/print.go": "package fmt\n"}))
+	for _, p := range []string{"package.json", "node_modules/ms/package.json", "src/fmt/print.go"} {
+		if err := os.WriteFile(m.in(p), []byte("changed\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, dir := range []string{m.in("src/fmt"), m.inWS("src/fmt")} {
+		r := runIn(t, cmdSpec{dir: dir}, stagefsBin, "status", "--json", "print.go")
+		var st struct {
+			Entries []struct{ Path string }
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &st); r.code != 0 || err != nil || len(st.Entries) != 1 || st.Entries[0].Path != "src/fmt/print.go" {
+			t.Errorf("stagefs status print.go in %s: want src/fmt/print.go, got %s", dir, r)
+		}
+	}
+	// discard package.json in node_modules/ms discards that one, not the
+	// root's.
+	if r := runIn(t, cmdSpec{dir: m.in("node_modules/ms")}, stagefsBin, "discard", "package.json"); r.code != 0 {
+		t.Fatalf("discard in node_modules/ms: %s", r)
+	}
+	kinds := statusKinds(m.status())
+	if _, ok := kinds["node_modules/ms/package.json"]; ok {
+		t.Errorf("node_modules/ms/package.json still pending: %v", kinds)
+	}
+	if kinds["package.json"] != "write" {
+		t.Errorf("the root package.json was discarded instead: %v", kinds)
+	}
+	// Outside both, relative paths are the workspace's.
+	if r := runIn(t, cmdSpec{dir: "/"}, stagefsBin, "status", "-m", m.mnt, "--json", "package.json"); r.code != 0 || !strings.Contains(r.stdout, `"path": "package.json"`) {
+		t.Errorf("status package.json from /: %s", r)
+	}
+}
+
+// Every client finds the daemon from the workspace directory too.
+func TestCLIFindsDaemonFromWorkspace(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"sub/f.txt": "f\n"}))
+	os.WriteFile(m.in("sub/f.txt"), []byte("g\n"), 0o644)
+	for _, args := range [][]string{{"status"}, {"diff"}, {"snapshots"}, {"checkpoints"}, {"log", "--limit", "1"}} {
+		if r := runIn(t, cmdSpec{dir: m.inWS("sub")}, stagefsBin, args...); r.code != 0 {
+			t.Errorf("stagefs %v from the workspace: %s", args, r)
+		}
+	}
+	// With no daemon the message says how to mount again.
+	r := runIn(t, cmdSpec{dir: "/"}, stagefsBin, "status")
+	if r.code != 4 || !strings.Contains(r.stderr, "stagefs mount") {
+		t.Errorf("stagefs status with no daemon: %s", r)
+	}
+}
+
+// A scope id whose snapshot is closed is refused: reusing it used to drop
+// the first snapshot's pre-images without a record.
+func TestCLIScopeIDReuseRefused(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "f\n"}))
+	m.mustRunIn(m.ws, "--scope", "tc1", "--", "sh", "-c", "echo one > f.txt")
+	r := m.run(m.ws, "--scope", "tc1", "--", "sh", "-c", "echo two > f.txt")
+	if r.code != 1 || !strings.Contains(r.stderr, "earlier tool call") {
+		t.Errorf("a second run --scope tc1: %s", r)
+	}
+	assertFile(t, m.in("f.txt"), "one\n")
+	if s := m.snapshotInfo("tc1"); len(s.Paths) != 1 {
+		t.Errorf("tc1 after the refused reuse: %+v", s)
+	}
+	m.mustCLI("drop", "tc1")
+	m.mustRunIn(m.ws, "--scope", "tc1", "--", "sh", "-c", "echo two > f.txt")
+}
+
+// run --scope --json reports an error and fails when the daemon dies
+// while the command runs.
+func TestCLIRunReportsDaemonDeath(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "f\n"}))
+	done := make(chan result, 1)
+	go func() {
+		done <- m.run(m.ws, "--scope", "k", "--json", "--", "sh", "-c", "touch started; sleep 2")
+	}()
+	if !waitFor(20*time.Second, func() bool { _, err := os.Stat(m.in("started")); return err == nil }) {
+		t.Fatalf("the command never started: %s", <-done)
+	}
+	syscall.Kill(m.daemonPid(), syscall.SIGKILL)
+	r := <-done
+	var res runResultJSON
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil || r.code == 0 || res.ExitCode == 0 || res.Error == "" {
+		t.Errorf("run --json with the daemon killed: %+v %v\n%s", res, err, r)
+	}
+	m.mount()
+}
+
+// Every command's --help is its synopsis, flags and an example, on
+// standard output, with status 0.
+func TestCLIHelp(t *testing.T) {
+	parallel(t)
+	for _, c := range []string{"mount", "unmount", "status", "diff", "commit", "discard", "mode", "log", "events", "read", "patch",
+		"snapshot", "close", "restore", "snapshots", "drop", "exec", "turn", "checkpoints", "rollback", "redo", "user", "run",
+		"claude", "codex", "gemini", "acp", "hook"} {
+		r := runStagefs(t, c, "--help")
+		if r.code != 0 || !strings.HasPrefix(r.stdout, "usage: stagefs "+c) || !strings.Contains(r.stdout, "example:") || r.stderr != "" {
+			t.Errorf("stagefs %s --help: %s", c, r)
+		}
+	}
+	r := runStagefs(t, "--help")
+	for _, want := range []string{"log [--since SEQ] [--limit N]", "restore SCOPE [--keep-later]", "redo [--force]", "unmount MOUNTPOINT [--lazy]"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("stagefs --help lacks %q", want)
+		}
+	}
+}
+
+// mount makes a missing mount point.
+func TestCLIMountMakesMountPoint(t *testing.T) {
+	parallel(t)
+	requireFUSE(t)
+	base := shortTempDir(t)
+	ws, mnt, st := filepath.Join(base, "ws"), filepath.Join(base, "new", "mnt"), filepath.Join(base, "st")
+	os.Mkdir(ws, 0o755)
+	m := &stagefsMount{t: t, base: base, ws: ws, mnt: mnt, state: st, bin: stagefsBin, sock: filepath.Join(st, "control.sock")}
+	t.Cleanup(m.cleanup)
+	m.mount()
+	if !isMounted(mnt) {
+		t.Errorf("%s is not mounted", mnt)
+	}
+}
