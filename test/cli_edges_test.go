@@ -141,3 +141,32 @@ func TestCLIMountMakesMountPoint(t *testing.T) {
 		t.Errorf("%s is not mounted", mnt)
 	}
 }
+
+// exec and run give one result: the same --json shape, summary and exit
+// statuses (127 for a command not found).
+func TestCLIExecMatchesRun(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t)
+	for _, how := range []string{"exec", "run"} {
+		args := []string{how, "-m", m.mnt, "--scope", how + "-nf", "--json", "--", "no-such-command-here"}
+		if how == "exec" {
+			args = append([]string{how, "-C", m.mnt}, args[1:]...)
+		}
+		r := runIn(t, cmdSpec{dir: m.ws}, stagefsBin, args...)
+		if r.code != 127 {
+			t.Errorf("%s of a missing command: %s, want exit 127", how, r)
+		}
+		args = []string{how, "-m", m.mnt, "--scope", how + "-ok", "--json", "--", "sh", "-c", "echo x > " + how + ".txt; exit 3"}
+		r = runIn(t, cmdSpec{dir: m.ws}, stagefsBin, args...)
+		var res runResultJSON
+		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil || r.code != 3 || res.ExitCode != 3 || !res.Started ||
+			res.Snapshot == nil || len(res.Changes) != 1 || res.Changes[0].Path != how+".txt" {
+			t.Errorf("%s --json: %+v %v\n%s", how, res, err, r)
+		}
+		r = runIn(t, cmdSpec{dir: m.ws}, stagefsBin, how, "-m", m.mnt, "--scope", how+"-sum", "--", "sh", "-c", "echo y > "+how+"2.txt")
+		if !strings.Contains(r.stderr, how+"-sum touched 1 path(s)") || !strings.Contains(r.stderr, "create    "+how+"2.txt") {
+			t.Errorf("%s summary: %s", how, r)
+		}
+	}
+}

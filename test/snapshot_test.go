@@ -146,7 +146,7 @@ func TestSnapshotExecSedRestore(t *testing.T) {
 	}
 
 	r := m.mustExec("t1", "sed", "-i", "s/beta/BETA/", "f.txt")
-	if !strings.Contains(r.stderr, "t1 changed") || !strings.Contains(r.stderr, "  f.txt\n") {
+	if !strings.Contains(r.stderr, "t1 touched") || !strings.Contains(r.stderr, " f.txt  17 B\n") {
 		t.Errorf("exec did not list the captured f.txt on stderr: %s", r)
 	}
 	assertFile(t, m.in("f.txt"), "alpha\nBETA\ngamma\n")
@@ -679,8 +679,14 @@ func TestSnapshotDropAndErrors(t *testing.T) {
 	if n := len(m.snapshotsByScope()); n != 0 {
 		t.Errorf("%d snapshot(s) left after dropping everything", n)
 	}
-	// A closed scope id can be reused: the new snapshot replaces it.
+	// A closed scope id is not reused silently: it is refused until its
+	// snapshot is dropped.
 	m.mustExec("again", "sh", "-c", "echo 1 > one.txt")
+	if r := m.execScope("again", nil, "sh", "-c", "echo 2 > two.txt"); r.code != 1 || !strings.Contains(r.stderr, "earlier tool call") {
+		t.Errorf("exec --scope again with a closed snapshot again: %s", r)
+	}
+	assertMissing(t, m.in("two.txt"))
+	m.mustCLI("drop", "again")
 	m.mustExec("again", "sh", "-c", "echo 2 > two.txt")
 	assertPaths(t, "reused scope", m.snapshotInfo("again").Paths, "two.txt")
 }

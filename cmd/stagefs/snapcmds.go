@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -9,10 +10,12 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
 
 	"stagefs/control"
+	"stagefs/sandbox"
 )
 
 func printSnapshot(verb string, s control.SnapshotInfo) {
@@ -206,7 +209,40 @@ func runExec(ctx context.Context, args []string) error {
 	if _, err := c.Snapshot(ctx, control.SnapshotParams{ScopeID: scope, Pid: os.Getpid()}); err != nil {
 		return err
 	}
-	cmd := exec.Command(rest[0], rest[1:]...)
+	// The same result, summary and statuses as stagefs run: the two differ
+	// only in where the command runs.
+	res := runResult{Workdir: dir}
+	code := runInMount(rest, dir, &res)
+	bg, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := closeRunSnapshot(bg, c, scope, &res); err != nil {
+		res.Error = fmt.Sprintf("closing the snapshot %s: %v (the daemon may have stopped: mount again, nothing staged is lost)", scope, err)
+		fmt.Fprintf(os.Stderr, "stagefs exec: %s\n", res.Error)
+		if code == 0 {
+			code = exitError
+		}
+	} else if !cf.json {
+		printRunSummary(scope, *res.Snapshot, res.Changes)
+	}
+	res.ExitCode = code
+	if cf.json {
+		b, err := json.Marshal(res)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("\n%s\n", b)
+	}
+	if code != 0 {
+		return &exitStatus{code}
+	}
+	return nil
+}
+
+// runInMount runs argv in dir, in this mount namespace, and returns its
+// status as a shell gives it: 128+N for signal N, 127 not found, 126 not
+// executable. A command that could not start is noted in res.
+func runInMount(argv []string, dir string, res *runResult) int {
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = dir
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	// The terminal delivers Ctrl-C to the command itself; exec only waits.
@@ -219,26 +255,28 @@ func runExec(ctx context.Context, args []string) error {
 		for range sigs {
 		}
 	}()
-	runErr := cmd.Run()
-	info, err := c.CloseSnapshot(context.Background(), scope)
+	err := cmd.Start()
 	if err != nil {
-		return err
-	}
-	if cf.json {
-		printJSON(info)
-	} else {
-		fmt.Fprintf(os.Stderr, "stagefs: %s changed %d path(s)\n", scope, len(info.Paths))
-		for _, p := range info.Paths {
-			fmt.Fprintf(os.Stderr, "  %s\n", p)
+		code := sandbox.ExitCannotExec
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+			code, res.Error = sandbox.ExitNotFound, fmt.Sprintf("%s: command not found", argv[0])
+		} else {
+			res.Error = fmt.Sprintf("%s: %v", argv[0], err)
 		}
+		fmt.Fprintf(os.Stderr, "stagefs exec: %s\n", res.Error)
+		return code
 	}
+	res.Started = true
+	err = cmd.Wait()
 	var ee *exec.ExitError
-	if errors.As(runErr, &ee) {
-		code := ee.ExitCode()
-		if code < 0 {
-			code = 128 + int(ee.Sys().(syscall.WaitStatus).Signal())
+	if errors.As(err, &ee) {
+		if ws := ee.Sys().(syscall.WaitStatus); ws.Signaled() {
+			return 128 + int(ws.Signal())
 		}
-		return &exitStatus{code}
+		return ee.ExitCode()
 	}
-	return runErr
+	if err != nil {
+		return exitError
+	}
+	return 0
 }
