@@ -15,6 +15,9 @@ import (
 const (
 	EnvHookSocket = "STAGEFS_HOOK_SOCKET" // the hook channel's name
 	EnvWorkspace  = "STAGEFS_WORKSPACE"   // for messages
+	// EnvNoBind, when set, leaves shell commands as they are: their
+	// snapshots then cover every process, like any other tool call's.
+	EnvNoBind = "STAGEFS_NO_BIND"
 )
 
 // HookTimeout bounds one hook's work: a hook must never hang the agent.

@@ -210,3 +210,23 @@ func TestClaudeDaemonKilled(t *testing.T) {
 		t.Errorf("pending after the new mount: %v", kinds)
 	}
 }
+
+// With --no-bind (STAGEFS_NO_BIND) a Bash call is not rewritten: its
+// snapshot opens at once, covering every process.
+func TestClaudeNoBind(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t)
+	env := []string{"STAGEFS_HOOK_SOCKET=" + hookSocketOf(t, m)}
+	pre := `{"hook_event_name":"PreToolUse","session_id":"s","tool_name":"Bash","tool_input":{"command":"make"},"tool_use_id":"toolu_`
+	r := runIn(t, cmdSpec{stdin: pre + `bind"}`, env: env}, stagefsBin, "hook", "claude")
+	if r.code != 0 || !strings.Contains(r.stdout, "hook bind") {
+		t.Errorf("a Bash PreToolUse: want the command rewritten, got %s", r)
+	}
+	r = runIn(t, cmdSpec{stdin: pre + `plain"}`, env: append(env, "STAGEFS_NO_BIND=1")}, stagefsBin, "hook", "claude")
+	if r.code != 0 || r.stdout != "" {
+		t.Errorf("a Bash PreToolUse with STAGEFS_NO_BIND: want no output, got %s", r)
+	}
+	if s := m.snapshotInfo("toolu_plain"); !s.Open || s.Pid != 0 || s.Label != "Bash: make" {
+		t.Errorf("the unbound snapshot: %+v", s)
+	}
+}

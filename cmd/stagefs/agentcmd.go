@@ -29,7 +29,11 @@ func runAgent(ctx context.Context, a *agents.Agent, args []string) error {
 	var cfg mountConfig
 	fs := mountFlags(a.Name, &cfg)
 	var mnt, workspace, bin string
+	var noBind bool
 	fs.StringVarP(&mnt, "mount", "m", "", "join the stagefs mount at MOUNTPOINT")
+	if a.RewriteInput != nil {
+		fs.BoolVar(&noBind, "no-bind", false, "leave shell commands unchanged (they are then attributed by time, not by process tree)")
+	}
 	fs.StringVar(&workspace, "workspace", "", "the workspace (default: the current directory's)")
 	fs.StringVar(&bin, a.Name, "", "the agent's binary (default: "+a.Binary+" on PATH)")
 	if err := fs.Parse(args); err != nil {
@@ -84,6 +88,9 @@ func runAgent(ctx context.Context, a *agents.Agent, args []string) error {
 		agents.EnvHookSocket + "=" + init.HookSocket,
 		agents.EnvWorkspace + "=" + init.Workspace,
 	}, wireEnv...)
+	if noBind {
+		env = append(env, agents.EnvNoBind+"=1")
+	}
 	if a.Preflight != nil {
 		if err := a.Preflight(path, env); err != nil {
 			return err

@@ -37,6 +37,12 @@ func runHook(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if os.Getenv(agents.EnvNoBind) != "" {
+		// stagefs claude --no-bind: shell commands are not rewritten.
+		plain := *a
+		plain.RewriteInput = nil
+		a = &plain
+	}
 	ans := agents.Hook(a, payload, dialHooks, self, os.Getenv(agents.EnvWorkspace))
 	os.Stdout.Write(ans.Stdout)
 	if ans.Stderr != "" {
