@@ -300,16 +300,28 @@ type SafeTextPatchResult struct {
 
 // LogParams selects journal records: those after Since, touching Paths (all
 // paths if empty), at most Limit of them (0 means the backend's default).
+//
+// Limit pages forward: the first Limit records after Since, oldest first;
+// the next page starts after the last one's seq. Tail instead gives the
+// newest Tail records after Since. At most one of them is set.
 type LogParams struct {
 	Since uint64   `json:"since,omitempty"`
 	Paths []string `json:"paths,omitempty"`
 	Limit int      `json:"limit,omitempty"`
+	Tail  int      `json:"tail,omitempty"`
 }
 
-// Validate refuses a negative limit and empty paths.
+// Validate refuses a negative limit or tail, both at once, and empty
+// paths.
 func (p LogParams) Validate() error {
 	if p.Limit < 0 {
 		return invalidParams("limit", "limit must not be negative")
+	}
+	if p.Tail < 0 {
+		return invalidParams("tail", "tail must not be negative")
+	}
+	if p.Limit > 0 && p.Tail > 0 {
+		return invalidParams("tail", "give limit (page forward) or tail (the newest records), not both")
 	}
 	return validatePaths(p.Paths)
 }

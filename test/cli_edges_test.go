@@ -5,6 +5,7 @@ package test
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -120,7 +121,7 @@ func TestCLIHelp(t *testing.T) {
 		}
 	}
 	r := runStagefs(t, "--help")
-	for _, want := range []string{"log [--since SEQ] [--limit N]", "restore SCOPE [--keep-later]", "redo [--force]", "unmount MOUNTPOINT [--lazy]"} {
+	for _, want := range []string{"log [--since SEQ] [--limit N | --tail N]", "restore SCOPE [--keep-later]", "redo [--force]", "unmount MOUNTPOINT [--lazy]"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("stagefs --help lacks %q", want)
 		}
@@ -168,5 +169,38 @@ func TestCLIExecMatchesRun(t *testing.T) {
 		if !strings.Contains(r.stderr, how+"-sum touched 1 path(s)") || !strings.Contains(r.stderr, "create    "+how+"2.txt") {
 			t.Errorf("%s summary: %s", how, r)
 		}
+	}
+}
+
+// log --since N --limit K pages forward; --tail K is the newest K.
+func TestCLILogPaging(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t)
+	for i := 0; i < 8; i++ {
+		os.WriteFile(m.in(fmt.Sprintf("f%d.txt", i)), []byte("x\n"), 0o644)
+	}
+	page := func(args ...string) []uint64 {
+		var lr struct{ Records []struct{ Seq uint64 } }
+		if err := json.Unmarshal([]byte(m.mustCLI(append([]string{"log", "--json"}, args...)...)), &lr); err != nil {
+			t.Fatal(err)
+		}
+		var seqs []uint64
+		for _, r := range lr.Records {
+			seqs = append(seqs, r.Seq)
+		}
+		return seqs
+	}
+	all := page()
+	if len(all) < 8 {
+		t.Fatalf("log: %v", all)
+	}
+	first := page("--limit", "3")
+	next := page("--since", fmt.Sprint(first[len(first)-1]), "--limit", "3")
+	tail := page("--tail", "2")
+	if fmt.Sprint(first) != fmt.Sprint(all[:3]) || fmt.Sprint(next) != fmt.Sprint(all[3:6]) || fmt.Sprint(tail) != fmt.Sprint(all[len(all)-2:]) {
+		t.Errorf("log pages: all %v, --limit 3 %v, next %v, --tail 2 %v", all, first, next, tail)
+	}
+	if r := m.cli("log", "--limit", "2", "--tail", "2"); r.code == 0 {
+		t.Errorf("log --limit and --tail together: %s", r)
 	}
 }

@@ -369,13 +369,22 @@ func (b *backend) Log(ctx context.Context, p control.LogParams) (control.LogResu
 			Seq: rec.Seq, Time: time.Unix(0, rec.Time).UTC().Format(time.RFC3339Nano), Op: rec.Op,
 			Path: rec.Path, Path2: rec.Path2, PID: rec.Pid, Comm: rec.Comm, Size: rec.Size, Mode: rec.Mode, Detail: rec.Detail,
 		})
-		if p.Limit > 0 && len(res.Records) > p.Limit {
+		if p.Tail > 0 && len(res.Records) > p.Tail {
 			res.Records = res.Records[1:] // keep the newest
+		}
+		if p.Limit > 0 && len(res.Records) == p.Limit {
+			return errPageFull
 		}
 		return nil
 	})
+	if errors.Is(err, errPageFull) {
+		err = nil
+	}
 	return res, err
 }
+
+// errPageFull ends a journal scan once a page of the log is full.
+var errPageFull = errors.New("page full")
 
 // touches reports whether a record concerns one of the paths (or a path
 // below one of them).

@@ -358,10 +358,11 @@ func runMode(ctx context.Context, args []string) error {
 
 func runLog(ctx context.Context, args []string) error {
 	var since uint64
-	var limit int
+	var limit, tail int
 	cf, paths, c, err := parseClient("log", args, func(fs *pflag.FlagSet) {
 		fs.Uint64Var(&since, "since", 0, "only records after this sequence number")
-		fs.IntVar(&limit, "limit", 0, "only the newest N records")
+		fs.IntVar(&limit, "limit", 0, "at most N records, oldest first: page forward with --since the last seq shown")
+		fs.IntVar(&tail, "tail", 0, "only the newest N records")
 	})
 	if err != nil {
 		return err
@@ -371,7 +372,7 @@ func runLog(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	res, err := c.Log(ctx, control.LogParams{Since: since, Paths: paths, Limit: limit})
+	res, err := c.Log(ctx, control.LogParams{Since: since, Paths: paths, Limit: limit, Tail: tail})
 	if err != nil {
 		return err
 	}

@@ -58,7 +58,7 @@ func init() {
 		{"commit", "commit [PATH...] [--force]: apply pending changes to the workspace", runCommit},
 		{"discard", "discard [PATH...]: drop pending changes", runDiscard},
 		{"mode", "mode [staged|immediate]: show or switch the write mode", runMode},
-		{"log", "log [--since SEQ] [--limit N] [PATH...]: show the journal", runLog},
+		{"log", "log [--since SEQ] [--limit N | --tail N] [PATH...]: show the journal, oldest first", runLog},
 		{"events", "events: follow session/update events", runEvents},
 		{"read", "read PATH: print a file as the mount shows it, with its sha256", runRead},
 		{"patch", "patch PATH --expect SHA256 (--content-file F | --edit OLD=NEW): compare-and-swap write", runPatch},
