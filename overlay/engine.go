@@ -155,9 +155,9 @@ type Engine struct {
 
 	turnOpts  TurnOptions
 	turnMu    sync.Mutex  // serializes turn starts, rollbacks and redo
-	redo      string      // scope of the redo snapshot; "" none (turnMu)
+	redos     []redoLevel // the rollbacks redo can take back, newest last (turnMu)
 	redoSeq   int         // (turnMu)
-	redoValid atomic.Bool // cleared by the first tool mutation after a rollback
+	redoValid atomic.Bool // cleared by the first tool mutation after a rollback or redo
 	turns     turnState   // turns' bookkeeping in memory (turns.go)
 
 	// die, set only by tests, is asked at the points where a crash

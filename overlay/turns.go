@@ -723,9 +723,12 @@ func (e *Engine) Rollback(turnID string, paths []string, force bool) (RollbackRe
 			touched = append(touched, p)
 		}
 	}
-	// Redo: what the rollback overwrites, captured before it does. The
-	// previous redo goes only once this capture has worked, so a refused
-	// rollback leaves it as it was.
+	// A change since the last rollback or redo has cleared redo.
+	if !e.redoValid.Load() {
+		e.dropRedo()
+	}
+	// Redo: what the rollback overwrites, captured before it does, on top
+	// of the rollbacks before it.
 	newRedo := ""
 	if len(touched) > 0 {
 		e.redoSeq++
@@ -736,8 +739,6 @@ func (e *Engine) Rollback(turnID string, paths []string, force bool) (RollbackRe
 		}
 		newRedo = scope
 	}
-	e.dropRedo()
-	e.redo = newRedo
 	seen := map[string]bool{}
 	for _, id := range plan.turns {
 		r, err := e.restoreFiltered(turnPrefix+id, func(p string) bool { return within(p, paths) && !skip[p] })
@@ -753,12 +754,12 @@ func (e *Engine) Rollback(turnID string, paths []string, force bool) (RollbackRe
 		res.Failed = append(res.Failed, r.Failed...)
 	}
 	sort.Strings(res.Restored)
-	if e.redo != "" {
+	if newRedo != "" {
 		// Redo compares each path with what the rollback left, so it
 		// overwrites nobody's later edit.
-		e.turns.redoLeft = e.viewStates(e.redo)
+		e.redos = append(e.redos, redoLevel{scope: newRedo, left: e.viewStates(newRedo)})
 	}
-	e.redoValid.Store(e.redo != "")
+	e.redoValid.Store(len(e.redos) > 0)
 	e.note(Record{Op: "rollback", Detail: fmt.Sprintf("to the start of %s: %d restored, %d conflicts", res.Turn, len(res.Restored), len(res.Conflicts))})
 	return res, nil
 }
@@ -916,12 +917,20 @@ func (e *Engine) readBody(hash string) ([]byte, error) {
 	return []byte(buf.String()), err
 }
 
+// redoLevel is one rollback that redo can take back. Rollbacks stack as
+// an editor's undo does: rollback t2, rollback t1, redo, redo returns to
+// where the first rollback started. A change by any tool in between
+// clears the whole stack.
+type redoLevel struct {
+	scope string // its redo snapshot: what the rollback overwrote
+	// left is what the rollback left at each path the snapshot holds. A
+	// path no longer in that state was changed by someone else since: a
+	// conflict for redo.
+	left map[string]*snapshot.Entry
+}
+
 // turnState is what the engine keeps in memory about turns.
 type turnState struct {
-	// redoLeft is what the last rollback left at each path its redo
-	// changes (turnMu). A path no longer in that state was changed by
-	// someone else since: a conflict for redo.
-	redoLeft map[string]*snapshot.Entry
 
 	// While a turn is open, mu guards when the mount last changed each
 	// path (changed, unix ns), and since when every change through the
@@ -955,32 +964,33 @@ func (e *Engine) viewStates(scope string) map[string]*snapshot.Entry {
 	return out
 }
 
-// Redo takes back the last rollback, if no process in the mount changed
-// anything since. A path changed since the rollback by someone else (from
+// Redo takes back the last rollback not taken back yet, if no process in
+// the mount changed anything since. A path changed since the rollback by someone else (from
 // outside the mount, which does not clear redo) is a conflict: kept, unless
 // force. After a redo with conflicts, redo stays available, so that it can
 // be forced.
 func (e *Engine) Redo(force bool) (RollbackResult, error) {
 	e.turnMu.Lock()
 	defer e.turnMu.Unlock()
-	if e.redo == "" {
+	if len(e.redos) == 0 {
 		return RollbackResult{}, fmt.Errorf("%w: nothing to redo", snapshot.ErrNotFound)
 	}
 	if !e.redoValid.Load() {
 		e.dropRedo()
 		return RollbackResult{}, fmt.Errorf("%w: files were changed after the rollback, so redo was cleared", snapshot.ErrNotFound)
 	}
-	ents, err := e.snaps.Entries(e.redo)
+	top := &e.redos[len(e.redos)-1]
+	ents, err := e.snaps.Entries(top.scope)
 	if err != nil {
 		e.dropRedo() // evicted by the byte cap
 		return RollbackResult{}, err
 	}
 	var conflicts []Conflict
 	if !force {
-		conflicts = e.redoConflicts(ents)
+		conflicts = e.redoConflicts(ents, top.left)
 	}
 	keep := redoFilter(ents, conflicts)
-	r, err := e.restoreFiltered(e.redo, keep)
+	r, err := e.restoreFiltered(top.scope, keep)
 	if err != nil {
 		return RollbackResult{}, err
 	}
@@ -997,18 +1007,22 @@ func (e *Engine) Redo(force bool) (RollbackResult, error) {
 	}
 	sort.Slice(conflicts, func(i, j int) bool { return conflicts[i].Path < conflicts[j].Path })
 	if len(conflicts) == 0 {
-		e.dropRedo()
+		e.snaps.Drop(top.scope)
+		e.redos = e.redos[:len(e.redos)-1]
 	} else {
 		// What redo did is now what it compares with, so only the
 		// conflicts stay conflicts for a forced redo.
-		now := e.viewStates(e.redo)
-		if e.turns.redoLeft == nil {
-			e.turns.redoLeft = map[string]*snapshot.Entry{}
+		now := e.viewStates(top.scope)
+		if top.left == nil {
+			top.left = map[string]*snapshot.Entry{}
 		}
 		for _, p := range r.Restored {
-			e.turns.redoLeft[p] = now[p]
+			top.left[p] = now[p]
 		}
 	}
+	// The rollbacks below stay redoable: redo's own writes are the
+	// daemon's and clear nothing.
+	e.redoValid.Store(len(e.redos) > 0)
 	e.note(Record{Op: "redo", Detail: fmt.Sprintf("%d restored, %d conflicts", len(r.Restored), len(conflicts))})
 	return RollbackResult{Restored: r.Restored, Conflicts: conflicts, Failed: r.Failed}, nil
 }
@@ -1016,8 +1030,7 @@ func (e *Engine) Redo(force bool) (RollbackResult, error) {
 // redoConflicts compares each path the redo entries change with what the
 // rollback left there. A directory redo removes or replaces conflicts
 // when it holds files the rollback did not leave (made from outside since).
-func (e *Engine) redoConflicts(ents []snapshot.Entry) []Conflict {
-	left := e.turns.redoLeft
+func (e *Engine) redoConflicts(ents []snapshot.Entry, left map[string]*snapshot.Entry) []Conflict {
 	// Directory moves happen first: what is below their source goes with
 	// them, and is not removed with a directory that redo removes.
 	var away []string
@@ -1109,11 +1122,10 @@ func entryPaths(ents []snapshot.Entry) []string {
 }
 
 func (e *Engine) dropRedo() {
-	if e.redo != "" {
-		e.snaps.Drop(e.redo)
-		e.redo = ""
+	for _, l := range e.redos {
+		e.snaps.Drop(l.scope)
 	}
-	e.turns.redoLeft = nil
+	e.redos = nil
 	e.redoValid.Store(false)
 }
 

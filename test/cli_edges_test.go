@@ -204,3 +204,35 @@ func TestCLILogPaging(t *testing.T) {
 		t.Errorf("log --limit and --tail together: %s", r)
 	}
 }
+
+// Redo is a stack, as in an editor: two rollbacks, two redos, and the
+// view is back where it was; a new change clears it.
+func TestCLIRedoStack(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "0\n"}))
+	for i, id := range []string{"t1", "t2", "t3"} {
+		m.mustCLI("turn", id)
+		sh(t, m.mnt, fmt.Sprintf("echo %d > f.txt; echo %d > n%d.txt", i+1, i+1, i+1))
+	}
+	m.mustCLI("turn", "t4") // ends t3
+	view := snapshot(t, m.mnt)
+	m.mustCLI("rollback", "t3")
+	assertFile(t, m.in("f.txt"), "2\n")
+	m.mustCLI("rollback", "t2")
+	assertFile(t, m.in("f.txt"), "1\n")
+	m.mustCLI("redo")
+	assertFile(t, m.in("f.txt"), "2\n")
+	assertMissing(t, m.in("n3.txt"))
+	m.mustCLI("redo")
+	assertSameTree(t, "the view after two rollbacks and two redos", view, snapshot(t, m.mnt))
+	if r := m.cli("redo"); r.code == 0 || !strings.Contains(r.stderr, "nothing to redo") {
+		t.Errorf("a third redo: %s", r)
+	}
+	// A new change clears the stack.
+	m.mustCLI("rollback", "t3")
+	m.mustCLI("rollback", "t2")
+	sh(t, m.mnt, "echo new > new.txt")
+	if r := m.cli("redo"); r.code == 0 || !strings.Contains(r.stderr, "changed after the rollback") {
+		t.Errorf("redo after a new change: %s", r)
+	}
+}
