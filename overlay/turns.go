@@ -692,7 +692,8 @@ func describe(e *snapshot.Entry) string {
 // those. What it is about to overwrite is captured first, for Redo. Paths
 // changed after their turn by someone else are conflicts: kept, unless
 // force.
-func (e *Engine) Rollback(turnID string, paths []string, force bool) (RollbackResult, error) {
+// c is who asked, for the journal.
+func (e *Engine) Rollback(turnID string, paths []string, force bool, c Caller) (RollbackResult, error) {
 	if e.snaps == nil {
 		return RollbackResult{}, errors.New("snapshots are not enabled")
 	}
@@ -760,7 +761,7 @@ func (e *Engine) Rollback(turnID string, paths []string, force bool) (RollbackRe
 		e.redos = append(e.redos, redoLevel{scope: newRedo, left: e.viewStates(newRedo)})
 	}
 	e.redoValid.Store(len(e.redos) > 0)
-	e.note(Record{Op: "rollback", Detail: fmt.Sprintf("to the start of %s: %d restored, %d conflicts", res.Turn, len(res.Restored), len(res.Conflicts))})
+	e.note(Record{Op: "rollback", Pid: c.Pid, Detail: fmt.Sprintf("to the start of %s: %d restored, %d conflicts", res.Turn, len(res.Restored), len(res.Conflicts))})
 	return res, nil
 }
 
@@ -969,7 +970,7 @@ func (e *Engine) viewStates(scope string) map[string]*snapshot.Entry {
 // outside the mount, which does not clear redo) is a conflict: kept, unless
 // force. After a redo with conflicts, redo stays available, so that it can
 // be forced.
-func (e *Engine) Redo(force bool) (RollbackResult, error) {
+func (e *Engine) Redo(force bool, c Caller) (RollbackResult, error) {
 	e.turnMu.Lock()
 	defer e.turnMu.Unlock()
 	if len(e.redos) == 0 {
@@ -1023,7 +1024,7 @@ func (e *Engine) Redo(force bool) (RollbackResult, error) {
 	// The rollbacks below stay redoable: redo's own writes are the
 	// daemon's and clear nothing.
 	e.redoValid.Store(len(e.redos) > 0)
-	e.note(Record{Op: "redo", Detail: fmt.Sprintf("%d restored, %d conflicts", len(r.Restored), len(conflicts))})
+	e.note(Record{Op: "redo", Pid: c.Pid, Detail: fmt.Sprintf("%d restored, %d conflicts", len(r.Restored), len(conflicts))})
 	return RollbackResult{Restored: r.Restored, Conflicts: conflicts, Failed: r.Failed}, nil
 }
 

@@ -53,7 +53,7 @@ func TestTurnsRollbackEachAndRedo(t *testing.T) {
 				end := h.view()
 				id := []string{"t1", "t2", "t3"}[k]
 
-				res, err := h.e.Rollback(id, nil, false)
+				res, err := h.e.Rollback(id, nil, false, overlay.Caller{})
 				require.NoError(t, err)
 				require.Empty(t, res.Conflicts)
 				require.Empty(t, res.Failed)
@@ -65,10 +65,10 @@ func TestTurnsRollbackEachAndRedo(t *testing.T) {
 					require.Empty(t, h.pending(), "rolled back to the workspace: nothing pending")
 				}
 
-				_, err = h.e.Redo(false)
+				_, err = h.e.Redo(false, overlay.Caller{})
 				require.NoError(t, err)
 				require.Equal(t, end, h.view(), "view after redo")
-				_, err = h.e.Redo(false)
+				_, err = h.e.Redo(false, overlay.Caller{})
 				require.Error(t, err, "a redo is used once")
 			}
 		})
@@ -79,7 +79,7 @@ func TestTurnsRollbackPaths(t *testing.T) {
 	h, _ := newSnapHarness(t, overlay.Staged)
 	fillBase(h)
 	threeTurns(t, h)
-	_, err := h.e.Rollback("t1", []string{"f.txt"}, false)
+	_, err := h.e.Rollback("t1", []string{"f.txt"}, false, overlay.Caller{})
 	require.NoError(t, err)
 	require.Equal(t, "f0\n", h.read("f.txt"))
 	require.Equal(t, "n\n", h.read("new"), "paths outside the rollback keep their state")
@@ -90,10 +90,10 @@ func TestTurnsNewMutationClearsRedo(t *testing.T) {
 	h, _ := newSnapHarness(t, overlay.Staged)
 	fillBase(h)
 	threeTurns(t, h)
-	_, err := h.e.Rollback("", nil, false)
+	_, err := h.e.Rollback("", nil, false, overlay.Caller{})
 	require.NoError(t, err)
 	h.create("after", "a\n")
-	_, err = h.e.Redo(false)
+	_, err = h.e.Redo(false, overlay.Caller{})
 	require.ErrorIs(t, err, snapstore.ErrNotFound)
 	require.Equal(t, "f1\n", h.read("f.txt"), "the rollback stays")
 }
@@ -114,14 +114,14 @@ func TestTurnsConflictWithUserEdit(t *testing.T) {
 	// The user edits b in the workspace after the turn was committed.
 	require.NoError(t, os.WriteFile(h.wsPath("b"), []byte("user\n"), 0o644))
 
-	res, err := h.e.Rollback("t1", nil, false)
+	res, err := h.e.Rollback("t1", nil, false, overlay.Caller{})
 	require.NoError(t, err)
 	require.Len(t, res.Conflicts, 1)
 	require.Equal(t, "b", res.Conflicts[0].Path)
 	require.Equal(t, "a0\n", h.read("a"))
 	require.Equal(t, "user\n", h.read("b"), "the user's edit is kept")
 
-	res, err = h.e.Rollback("t1", []string{"b"}, true)
+	res, err = h.e.Rollback("t1", []string{"b"}, true, overlay.Caller{})
 	require.NoError(t, err)
 	require.Empty(t, res.Conflicts)
 	require.Equal(t, "b0\n", h.read("b"))
@@ -146,7 +146,7 @@ func TestTurnsSurviveRestartAndList(t *testing.T) {
 	h.opts.Snapshots = st
 	h.open()
 	require.Equal(t, "t3", h.e.CurrentTurn())
-	_, err = h.e.Rollback("t2", nil, false)
+	_, err = h.e.Rollback("t2", nil, false, overlay.Caller{})
 	require.NoError(t, err)
 	require.Equal(t, starts[1], h.view())
 }
@@ -219,14 +219,14 @@ func TestTurnsUserProcess(t *testing.T) {
 	h.overwrite("b", "user\n")
 	h.e.MarkUser(os.Getpid(), false)
 
-	res, err := h.e.Rollback("t1", nil, false)
+	res, err := h.e.Rollback("t1", nil, false, overlay.Caller{})
 	require.NoError(t, err)
 	require.Len(t, res.Conflicts, 1)
 	require.Equal(t, "b", res.Conflicts[0].Path)
 	require.Equal(t, "a0\n", h.read("a"))
 	require.Equal(t, "user\n", h.read("b"), "the user's edit survives")
 
-	_, err = h.e.Rollback("t1", []string{"b"}, true)
+	_, err = h.e.Rollback("t1", []string{"b"}, true, overlay.Caller{})
 	require.NoError(t, err)
 	require.Equal(t, "b0\n", h.read("b"), "--force rolls it back too")
 }
@@ -265,14 +265,14 @@ func TestTurnsHostEdits(t *testing.T) {
 	require.Len(t, turns, 1)
 	require.ElementsMatch(t, []string{"f.txt", "g.txt"}, turns[0].Paths)
 
-	res, err := h.e.Rollback("t1", nil, false)
+	res, err := h.e.Rollback("t1", nil, false, overlay.Caller{})
 	require.NoError(t, err)
 	require.Empty(t, res.Conflicts)
 	require.Equal(t, "f0\n", h.read("f.txt"))
 	require.Equal(t, "g0\n", h.read("g.txt"))
 
 	hostPatch(t, h, "f.txt", "mine\n")
-	_, err = h.e.Redo(false)
+	_, err = h.e.Redo(false, overlay.Caller{})
 	require.ErrorIs(t, err, snapstore.ErrNotFound, "the host's edit after the rollback clears redo")
 	require.Equal(t, "mine\n", h.read("f.txt"))
 	require.Equal(t, "g0\n", h.read("g.txt"))
@@ -295,7 +295,7 @@ func TestTurnsRedoConflictWithWorkspaceEdit(t *testing.T) {
 			h.overwrite("b", "b1\n")
 			h.unlink("d/x")
 			h.rmdir("d")
-			_, err = h.e.Rollback("t1", nil, false)
+			_, err = h.e.Rollback("t1", nil, false, overlay.Caller{})
 			require.NoError(t, err)
 			require.Equal(t, "b0\n", h.read("b"))
 			require.Equal(t, "x0\n", h.read("d/x"))
@@ -303,7 +303,7 @@ func TestTurnsRedoConflictWithWorkspaceEdit(t *testing.T) {
 			// The user edits b and adds d/new in the workspace.
 			require.NoError(t, os.WriteFile(h.wsPath("b"), []byte("user\n"), 0o644))
 			require.NoError(t, os.WriteFile(h.wsPath("d/new"), []byte("new\n"), 0o644))
-			res, err := h.e.Redo(false)
+			res, err := h.e.Redo(false, overlay.Caller{})
 			require.NoError(t, err)
 			var paths []string
 			for _, c := range res.Conflicts {
@@ -316,12 +316,12 @@ func TestTurnsRedoConflictWithWorkspaceEdit(t *testing.T) {
 			h.requireMissing("d/x")
 
 			// Redo stays available for a forced redo, which overwrites.
-			res, err = h.e.Redo(true)
+			res, err = h.e.Redo(true, overlay.Caller{})
 			require.NoError(t, err)
 			require.Empty(t, res.Conflicts)
 			require.Equal(t, "b1\n", h.read("b"))
 			h.requireMissing("d")
-			_, err = h.e.Redo(false)
+			_, err = h.e.Redo(false, overlay.Caller{})
 			require.ErrorIs(t, err, snapstore.ErrNotFound, "a complete redo is used")
 		})
 	}
@@ -377,7 +377,7 @@ func TestTurnsOutsideEditDuringTurn(t *testing.T) {
 				require.Equal(t, "b", conflicts[0].Path)
 			}
 
-			res, err := h.e.Rollback("t1", nil, false)
+			res, err := h.e.Rollback("t1", nil, false, overlay.Caller{})
 			require.NoError(t, err)
 			require.Equal(t, []string{"b"}, conflictPaths(res))
 			require.Contains(t, res.Conflicts[0].Reason, "outside the mount")
@@ -385,7 +385,7 @@ func TestTurnsOutsideEditDuringTurn(t *testing.T) {
 			require.Equal(t, "user\n", h.read("b"), "the user's edit is kept")
 			h.requireMissing("c2")
 
-			_, err = h.e.Rollback("t1", []string{"b"}, true)
+			_, err = h.e.Rollback("t1", []string{"b"}, true, overlay.Caller{})
 			require.NoError(t, err)
 			require.Equal(t, "b0\n", h.read("b"), "--force rolls it back too")
 		})
@@ -471,14 +471,14 @@ func TestTurnsRedoKeepsWriteThroughOpenFile(t *testing.T) {
 	_, err = unix.Pwrite(f.Fd, []byte("a1\n"), 0)
 	require.NoError(t, err)
 
-	_, err = h.e.Rollback("t1", nil, false)
+	_, err = h.e.Rollback("t1", nil, false, overlay.Caller{})
 	require.NoError(t, err)
 	require.Equal(t, "a0\n", h.read("a"))
 	_, err = unix.Pwrite(f.Fd, []byte("late\n"), 0)
 	require.NoError(t, err)
 	h.e.Release("a", f, caller)
 
-	res, err := h.e.Redo(false)
+	res, err := h.e.Redo(false, overlay.Caller{})
 	require.NoError(t, err)
 	require.Equal(t, []string{"a"}, conflictPaths(res))
 	require.Equal(t, "late\n", h.read("a"), "the write after the rollback is kept")
@@ -499,7 +499,7 @@ func TestTurnsRollbackKeepsForeignEntriesOfNewDirectory(t *testing.T) {
 		h.create("gen/own", "own\n")
 		require.NoError(t, os.WriteFile(h.wsPath("gen/user.txt"), []byte("user\n"), 0o644))
 
-		res, err := h.e.Rollback("t1", nil, force)
+		res, err := h.e.Rollback("t1", nil, force, overlay.Caller{})
 		require.NoError(t, err)
 		if force {
 			require.Empty(t, res.Conflicts)
@@ -522,12 +522,12 @@ func TestTurnsWriteThroughOpenFileClearsRedo(t *testing.T) {
 	_, err := h.e.StartTurn("t1", "")
 	require.NoError(t, err)
 	h.overwrite("a", "a1\n")
-	_, err = h.e.Rollback("t1", nil, false)
+	_, err = h.e.Rollback("t1", nil, false, overlay.Caller{})
 	require.NoError(t, err)
 	require.True(t, h.e.Capturing(), "with redo available, writes must reach BeforeWrite")
 
 	require.NoError(t, h.e.BeforeWrite("a", caller))
-	_, err = h.e.Redo(false)
+	_, err = h.e.Redo(false, overlay.Caller{})
 	require.ErrorContains(t, err, "redo was cleared")
 	require.False(t, h.e.Capturing())
 }
@@ -549,7 +549,7 @@ func TestRollbackNeverEvictsItsOwnTurns(t *testing.T) {
 
 	// Redo would need 1000 bytes more: 3000 > 2500, and only t1's own
 	// snapshots could make room.
-	_, err = h.e.Rollback("t1", nil, true)
+	_, err = h.e.Rollback("t1", nil, true, overlay.Caller{})
 	require.ErrorIs(t, err, snapstore.ErrOverCap)
 	require.Equal(t, user, h.read("f1"), "nothing changed")
 	var ids []string

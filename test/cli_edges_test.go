@@ -236,3 +236,67 @@ func TestCLIRedoStack(t *testing.T) {
 		t.Errorf("redo after a new change: %s", r)
 	}
 }
+
+// The smaller edges: usage errors, messages, --json for mount and
+// unmount, warnings, and what a mount after a crash recovered.
+func TestCLISmallEdges(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "f\n"}))
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"patch", "f.txt", "--edit", "f=g"}, 2, "--expect"},
+		{[]string{"mode", "bogus"}, 2, "staged|immediate"},
+		{[]string{"user", "999999999"}, 1, "no process 999999999"},
+		{[]string{"turn", "bad id"}, 1, `turnId: turn id "bad id"`},
+	} {
+		r := m.cli(tc.args...)
+		if r.code != tc.code || !strings.Contains(r.stderr, tc.want) || strings.Contains(r.stderr, "turn:") {
+			t.Errorf("stagefs %v: want exit %d and %q, got %s", tc.args, tc.code, tc.want, r)
+		}
+	}
+	if r := m.run(m.ws, "--scope", "", "--", "touch", "x"); r.code != 2 {
+		t.Errorf("run --scope '': %s", r)
+	}
+	r := m.cli("read", "f.txt")
+	if r.code != 0 || !strings.HasPrefix(r.stderr, "sha256:") || strings.Contains(r.stderr, "sha256 sha256") {
+		t.Errorf("read prints the hash once: %s", r)
+	}
+	// A binary change over 1 MiB: diff says it leaves it out.
+	big := make([]byte, 2<<20)
+	big[0] = 0
+	os.WriteFile(m.in("big.bin"), big, 0o644)
+	if r := m.cli("diff"); r.code != 0 || !strings.Contains(r.stderr, "leaves out 1 binary change") || !strings.Contains(r.stderr, "big.bin") {
+		t.Errorf("diff with a big binary: %s", r)
+	}
+	// Kill the daemon with a change pending and a tool call open; the next
+	// mount says what it kept.
+	m.mustCLI("snapshot", "open-call")
+	os.WriteFile(m.in("f.txt"), []byte("changed\n"), 0o644)
+	syscall.Kill(m.daemonPid(), syscall.SIGKILL)
+	waitProcessGone(m.daemonPid(), 10*time.Second)
+	r = runIn(t, cmdSpec{}, stagefsBin, "mount", m.ws, m.mnt, "--state", m.state, "--json")
+	var mounted struct {
+		Mount     string
+		Recovered struct{ Pending, OpenSnapshots int }
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &mounted); r.code != 0 || err != nil || mounted.Mount != m.mnt || mounted.Recovered.Pending != 2 || mounted.Recovered.OpenSnapshots != 1 {
+		t.Errorf("mount --json after a crash: %+v %v\n%s", mounted, err, r)
+	}
+	m.setPid(readPid(m.state))
+	if r := runStagefs(t, "unmount", m.mnt, "--json"); r.code != 0 || !strings.Contains(r.stdout, `"unmounted"`) {
+		t.Errorf("unmount --json: %s", r)
+	}
+	// A second mount of the same workspace with another state dir, over
+	// a non-empty directory: warned.
+	other := filepath.Join(m.base, "other")
+	writeTree(t, other, map[string]string{"x": "x\n"})
+	m.mount()
+	r = runIn(t, cmdSpec{}, stagefsBin, "mount", m.ws, other, "--state", filepath.Join(m.base, "st2"))
+	if r.code != 0 || !strings.Contains(r.stderr, "is not empty") || !strings.Contains(r.stderr, "already served at "+m.mnt) {
+		t.Errorf("a second mount of the workspace over a non-empty directory: %s", r)
+	}
+	runIn(t, cmdSpec{}, stagefsBin, "unmount", other)
+}

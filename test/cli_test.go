@@ -66,17 +66,21 @@ func TestCLIClients(t *testing.T) {
 	content := filepath.Join(t.TempDir(), "c")
 	os.WriteFile(content, []byte("from a file\n"), 0o644)
 	var pr control.SafeTextPatchResult
-	if err := json.Unmarshal([]byte(m.mustCLI("patch", "--json", "new.txt", "--content-file", content)), &pr); err != nil ||
+	if err := json.Unmarshal([]byte(m.mustCLI("patch", "--json", "new.txt", "--expect", "none", "--content-file", content)), &pr); err != nil ||
 		pr.Result != control.PatchApplied || pr.SHA256 != contentHash([]byte("from a file\n")) {
 		t.Errorf("patch --content-file: %+v, %v", pr, err)
 	}
 	assertFile(t, m.in("new.txt"), "from a file\n")
-	// Creating over an existing file without --expect is stale.
-	if r := m.cli("patch", "g.txt", "--content-file", content); r.code != 3 {
+	// Creating over an existing file (--expect none) is stale; without
+	// --expect it is a usage error.
+	if r := m.cli("patch", "g.txt", "--content-file", content); r.code != 2 {
+		t.Errorf("patch without --expect: exit %d, want 2\n%s", r.code, r)
+	}
+	if r := m.cli("patch", "g.txt", "--expect", "none", "--content-file", content); r.code != 3 {
 		t.Errorf("patch of an existing file expecting none: exit %d, want 3\n%s", r.code, r)
 	}
 	// Usage errors.
-	if r := m.cli("patch", "g.txt", "--content-file", content, "--edit", "a=b"); r.code != 2 {
+	if r := m.cli("patch", "g.txt", "--expect", "none", "--content-file", content, "--edit", "a=b"); r.code != 2 {
 		t.Errorf("patch with both a content file and edits: exit %d, want 2", r.code)
 	}
 	if r := m.cli("patch", "g.txt", "--expect", sum, "--edit", "no-equals-sign"); r.code != 2 {

@@ -283,6 +283,9 @@ func TestSafeTextPatchResults(t *testing.T) {
 	// stale_base.
 	cliPatch := func(path, expect, content string) (control.SafeTextPatchResult, result) {
 		t.Helper()
+		if expect == "" {
+			expect = "none"
+		}
 		r := runIn(t, cmdSpec{stdin: content}, stagefsBin, "patch", "--json", path, "--expect", expect, "-m", m.mnt)
 		var pr control.SafeTextPatchResult
 		if err := json.Unmarshal([]byte(r.stdout), &pr); err != nil {

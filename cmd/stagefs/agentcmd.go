@@ -187,6 +187,7 @@ func joinOrMount(ctx context.Context, name string, cfg *mountConfig, changed fun
 		return nil, control.InitializeResult{}, err
 	}
 	fmt.Fprintf(os.Stderr, "stagefs: mounted the staged view of %s at %s (state %s)\n", cfg.workspace, cfg.mountpoint, cfg.state)
+	printRecovered(os.Stderr, cfg.recovered)
 	c, err := control.Dial(socketPath(cfg.state))
 	if err != nil {
 		return nil, control.InitializeResult{}, &noDaemonError{err}

@@ -222,6 +222,7 @@ func runDiff(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	warnOmittedBinaries(res.Diff)
 	if cf.json {
 		return printJSON(res)
 	}
@@ -269,6 +270,13 @@ func runCommit(ctx context.Context, args []string) error {
 		return err
 	}
 	res, err := c.Commit(ctx, control.CommitParams{Paths: paths, Force: force})
+	var ce *control.Error
+	if err != nil && !errors.As(err, &ce) {
+		// The connection broke: the daemon stopped mid-commit. The commit
+		// is all-or-nothing across that; the next mount finishes it and
+		// says so.
+		return fmt.Errorf("%w; the daemon stopped before answering: a commit it had begun is finished when the workspace is mounted again (stagefs mount prints what it recovered, stagefs log has the record)", err)
+	}
 	if err != nil {
 		return err
 	}
@@ -281,7 +289,7 @@ func runCommit(ctx context.Context, args []string) error {
 			fmt.Printf("committed  %s\n", p)
 		}
 		for _, x := range res.Conflicts {
-			fmt.Printf("conflict   %s: %s (staged against %s, workspace now %s)\n", x.Path, x.Reason, x.Expected, x.Actual)
+			fmt.Printf("conflict   %s: %s%s\n", x.Path, x.Reason, conflictStates("staged against", "workspace now", x))
 			if x.WorkspaceHash != "" || x.StagedHash != "" {
 				fmt.Printf("           workspace %s, staged %s\n", orNone(x.WorkspaceHash), orNone(x.StagedHash))
 			}
@@ -331,7 +339,7 @@ func runMode(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.Close()
-	if len(rest) > 1 {
+	if len(rest) > 1 || (len(rest) == 1 && rest[0] != "staged" && rest[0] != "immediate") {
 		return usagef("usage: stagefs mode [staged|immediate]")
 	}
 	if len(rest) == 0 {
@@ -456,7 +464,7 @@ func runRead(ctx context.Context, args []string) error {
 	if !res.Exists {
 		return fmt.Errorf("%s does not exist in the mount", rest[0])
 	}
-	fmt.Fprintf(os.Stderr, "sha256 %s  %d bytes\n", res.SHA256, res.Size)
+	fmt.Fprintf(os.Stderr, "%s  %d bytes\n", res.SHA256, res.Size)
 	_, err = io.WriteString(os.Stdout, res.Content)
 	return err
 }
@@ -465,7 +473,7 @@ func runPatch(ctx context.Context, args []string) error {
 	var expect, contentFile string
 	var edits []string
 	cf, rest, c, err := parseClient("patch", args, func(fs *pflag.FlagSet) {
-		fs.StringVar(&expect, "expect", "", "sha256 of the current content (\"\" or absent: the file must not exist)")
+		fs.StringVar(&expect, "expect", "", "sha256 of the current content, as stagefs read prints it; \"none\": the file must not exist (required)")
 		fs.StringVar(&contentFile, "content-file", "", "new content from this file (default: stdin)")
 		fs.StringArrayVar(&edits, "edit", nil, "OLD=NEW replacement; OLD must occur exactly once (repeatable)")
 	})
@@ -473,8 +481,11 @@ func runPatch(ctx context.Context, args []string) error {
 		return err
 	}
 	defer c.Close()
-	if len(rest) != 1 || (contentFile != "" && len(edits) > 0) {
-		return usagef("usage: stagefs patch PATH --expect HASH [--content-file FILE | --edit OLD=NEW...] (new content on stdin by default)")
+	if len(rest) != 1 || (contentFile != "" && len(edits) > 0) || expect == "" {
+		return usagef("usage: stagefs patch PATH --expect HASH|none [--content-file FILE | --edit OLD=NEW...] (new content on stdin by default)")
+	}
+	if expect == "none" {
+		expect = ""
 	}
 	if contentFile == "" && len(edits) == 0 {
 		contentFile = "-"
@@ -565,4 +576,44 @@ func fromHere(ctx context.Context, c *control.Client, paths []string) ([]string,
 		}
 	}
 	return out, nil
+}
+
+// conflictStates says, when known, what a path was expected to be and
+// what it is: " (LEFT x, NOW y)", or "" when neither is known.
+func conflictStates(left, now string, x control.Conflict) string {
+	var parts []string
+	if x.Expected != "" {
+		parts = append(parts, left+" "+x.Expected)
+	}
+	if x.Actual != "" {
+		parts = append(parts, now+" "+x.Actual)
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
+}
+
+// warnOmittedBinaries says on stderr which binary changes the diff shows
+// only as "Binary files ... differ" (a side over 1 MiB): git apply refuses
+// those, and a user piping the diff to it should know before.
+func warnOmittedBinaries(diff string) {
+	var paths []string
+	for _, line := range strings.Split(diff, "\n") {
+		// "Binary files a/P and b/P differ", /dev/null for a side that
+		// does not exist.
+		rest, ok := strings.CutPrefix(line, "Binary files ")
+		if !ok || !strings.HasSuffix(rest, " differ") {
+			continue
+		}
+		from, to, _ := strings.Cut(strings.TrimSuffix(rest, " differ"), " and ")
+		if p, ok := strings.CutPrefix(to, "b/"); ok {
+			paths = append(paths, p)
+		} else if p, ok := strings.CutPrefix(from, "a/"); ok {
+			paths = append(paths, p)
+		}
+	}
+	if len(paths) > 0 {
+		fmt.Fprintf(os.Stderr, "stagefs: the diff leaves out %d binary change(s) over 1 MiB, which git apply will refuse: %s; apply the rest with git apply --exclude=PATH, and commit these with stagefs commit PATH\n", len(paths), strings.Join(paths, ", "))
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"stagefs/control"
 )
 
 // daemonCommand is the hidden subcommand the background daemon runs as.
@@ -37,6 +40,7 @@ type mountConfig struct {
 	deny, hide                   []string
 	captureFailure               string
 	journalSync                  time.Duration
+	recovered                    recovery // what the daemon found at start-up
 }
 
 func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
@@ -60,7 +64,9 @@ func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
 
 func runMount(ctx context.Context, args []string) error {
 	var cfg mountConfig
+	var asJSON bool
 	fs := mountFlags("mount", &cfg)
+	fs.BoolVar(&asJSON, "json", false, "print where everything is as JSON")
 	if err := fs.Parse(args); err != nil {
 		return usagef("%v", err)
 	}
@@ -81,11 +87,63 @@ func runMount(ctx context.Context, args []string) error {
 		cfg.readyFd = -1
 		return serve(ctx, &cfg, nil)
 	}
+	warnOddMount(&cfg)
 	if err := startBackground(&cfg); err != nil {
 		return err
 	}
+	if asJSON {
+		return printJSON(map[string]any{"mount": cfg.mountpoint, "workspace": cfg.workspace, "state": cfg.state,
+			"socket": socketPath(cfg.state), "mode": cfg.mode, "recovered": cfg.recovered})
+	}
 	printMounted(os.Stdout, &cfg)
 	return nil
+}
+
+// printRecovered says what the daemon found from an earlier run.
+func printRecovered(w io.Writer, r recovery) {
+	if r.Pending > 0 {
+		fmt.Fprintf(w, "  pending:   %d change(s), %s, kept from before (stagefs status)\n", r.Pending, humanBytes(r.PendingBytes))
+	}
+	if c := r.Commit; c != nil {
+		fmt.Fprintf(w, "  recovered: an interrupted commit, finished now: %d committed, %d conflict(s), %d failed (stagefs log)\n", c.Committed, c.Conflicts, c.Failed)
+	}
+	if r.OpenSnapshots > 0 {
+		fmt.Fprintf(w, "  open:      %d tool call snapshot(s) left open (stagefs snapshots; stagefs close ID)\n", r.OpenSnapshots)
+	}
+	if r.TornJournalBytes > 0 {
+		fmt.Fprintf(w, "  journal:   cut a torn tail of %d bytes, never acknowledged (see daemon.log)\n", r.TornJournalBytes)
+	}
+}
+
+// warnOddMount says on stderr what a user may not mean: a mount point
+// that holds files (the mount hides them), and a workspace another daemon
+// serves already with another state dir (two pending sets over one
+// workspace, each unaware of the other's).
+func warnOddMount(cfg *mountConfig) {
+	if _, mounted := isMounted(cfg.mountpoint); mounted {
+		return // refused later, with its own message
+	}
+	if ents, err := os.ReadDir(cfg.mountpoint); err == nil && len(ents) > 0 {
+		fmt.Fprintf(os.Stderr, "stagefs: warning: the mount point %s is not empty; the mount hides its %d entr(ies) until unmounted\n", cfg.mountpoint, len(ents))
+	}
+	ms, _ := readMounts()
+	for _, m := range ms {
+		state, ok := strings.CutPrefix(m.source, stagefsSourcePrefix)
+		if !ok || state == cfg.state {
+			continue
+		}
+		c, err := control.Dial(socketPath(state))
+		if err != nil {
+			continue
+		}
+		ictx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		init, err := c.Initialize(ictx)
+		cancel()
+		c.Close()
+		if err == nil && init.Workspace == cfg.workspace {
+			fmt.Fprintf(os.Stderr, "stagefs: warning: %s is already served at %s with another state dir (%s); the two pending sets do not know of each other\n", cfg.workspace, init.Mount, state)
+		}
+	}
 }
 
 // resolve makes the paths absolute and real, picks the state dir and
@@ -235,6 +293,10 @@ func startBackground(cfg *mountConfig) error {
 	w.Close()
 	line, _ := bufio.NewReader(r).ReadString('\n')
 	line = strings.TrimSpace(line)
+	if rest, ok := strings.CutPrefix(line, "ready "); ok {
+		json.Unmarshal([]byte(rest), &cfg.recovered)
+		line = "ready"
+	}
 	if line != "ready" {
 		cmd.Wait()
 		if line == "" {
@@ -250,6 +312,7 @@ func startBackground(cfg *mountConfig) error {
 func printMounted(w io.Writer, cfg *mountConfig) {
 	fmt.Fprintf(w, "mounted %s\n  workspace: %s\n  state dir: %s\n  socket:    %s\n  mode:      %s\n",
 		cfg.mountpoint, cfg.workspace, cfg.state, socketPath(cfg.state), cfg.mode)
+	printRecovered(w, cfg.recovered)
 }
 
 // runDaemon is the background daemon's entry point.

@@ -48,6 +48,9 @@ func runRun(ctx context.Context, args []string) error {
 	if fs.NArg() == 0 {
 		return usagef(usage)
 	}
+	if fs.Changed("scope") && scope == "" {
+		return usagef("run: --scope needs an id (an empty one would run the command with no snapshot)")
+	}
 	argv := fs.Args()
 
 	c, err := cf.dial()

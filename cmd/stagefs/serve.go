@@ -25,6 +25,24 @@ import (
 
 func parseMode(s string) (overlay.Mode, error) { return overlay.ParseMode(s) }
 
+// recovery is what a daemon found at start-up, for `stagefs mount` to tell
+// the user: the pending set it kept, an interrupted commit it finished, the
+// tool calls' snapshots still open, and a torn journal tail it cut.
+type recovery struct {
+	Pending          int             `json:"pending"`
+	PendingBytes     int64           `json:"pendingBytes"`
+	Commit           *commitRecovery `json:"commit,omitempty"`
+	OpenSnapshots    int             `json:"openSnapshots"`
+	TornJournalBytes int64           `json:"tornJournalBytes,omitempty"`
+}
+
+// commitRecovery is how an interrupted commit ended at start-up.
+type commitRecovery struct {
+	Committed int `json:"committed"`
+	Conflicts int `json:"conflicts"`
+	Failed    int `json:"failed"`
+}
+
 // serve runs the daemon: lock the state dir, recover, mount, answer the
 // control socket, and unmount on a signal. ready, when set, gets "ready\n"
 // once the mount serves.
@@ -94,9 +112,12 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 	}
 	defer eng.Close()
 	b.eng, b.snaps = eng, snaps
+	var rec recovery
+	rec.TornJournalBytes = info.TornBytes
 	if len(unfinished) > 0 {
 		res := eng.Recover(unfinished)
 		logger.Printf("finished an interrupted commit: %d committed, %d conflicts, %d failed", len(res.Committed), len(res.Conflicts), len(res.Failed))
+		rec.Commit = &commitRecovery{Committed: len(res.Committed), Conflicts: len(res.Conflicts), Failed: len(res.Failed)}
 	}
 	mfs, err := fusefs.Mount(cfg.mountpoint, eng, fusefs.Options{
 		Timeout:       cfg.timeout,
@@ -135,7 +156,16 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 	// Logged before the mount is reported ready, so it is there to read.
 	logger.Printf("passthrough of pending bodies: %s", mfs.Passthrough())
 	if ready != nil {
-		fmt.Fprintln(ready, "ready")
+		if st, err := b.Status(context.Background(), nil); err == nil {
+			rec.Pending, rec.PendingBytes = st.PendingCount, st.TotalBytes
+		}
+		for _, s := range snaps.OpenSnapshots() {
+			if !reservedScope(s.ScopeID) {
+				rec.OpenSnapshots++
+			}
+		}
+		line, _ := json.Marshal(rec)
+		fmt.Fprintf(ready, "ready %s\n", line)
 		ready.Close()
 	}
 	logger.Printf("serving %s over %s (state %s, mode %s)", cfg.mountpoint, cfg.workspace, cfg.state, mode)

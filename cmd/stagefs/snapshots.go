@@ -51,9 +51,20 @@ func snapshotError(scope string, err error) error {
 	case errors.Is(err, snapshot.ErrClosed):
 		return control.Errorf(control.CodeInvalidState, "the snapshot for scope %q is closed", scope)
 	case snapshot.ValidScope(scope) != nil:
-		return control.Errorf(control.CodeInvalidParams, "scopeId: %v", snapshot.ValidScope(scope))
+		return badID(scope, snapshot.ValidScope(scope))
 	}
 	return err
+}
+
+// badID names an id the store refuses as the client gave it: a turn's
+// without the prefix its snapshot carries inside.
+func badID(scope string, err error) error {
+	why := strings.TrimPrefix(err.Error(), "snapshot: ")
+	if id, ok := strings.CutPrefix(scope, "turn:"); ok {
+		why = strings.Replace(strings.Replace(why, "scope id", "turn id", 1), fmt.Sprintf("%q", scope), fmt.Sprintf("%q", id), 1)
+		return control.Errorf(control.CodeInvalidParams, "turnId: %s", why)
+	}
+	return control.Errorf(control.CodeInvalidParams, "scopeId: %s", why)
 }
 
 func (b *backend) openSnapshot(ctx context.Context, p control.SnapshotParams) (control.SnapshotInfo, error) {
@@ -102,7 +113,7 @@ func reservedScope(scope string) bool {
 
 func checkScope(scope string) error {
 	if err := snapshot.ValidScope(scope); err != nil {
-		return control.Errorf(control.CodeInvalidParams, "scopeId: %v", err)
+		return badID(scope, err)
 	}
 	if reservedScope(scope) {
 		return control.Errorf(control.CodeInvalidParams, "scopeId: the prefixes turn:, post: and redo: are reserved for turns")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -72,7 +73,7 @@ func (b *backend) rollback(ctx context.Context, p control.RollbackParams) (contr
 		out.Diff = buf.String()
 		return out, nil
 	}
-	r, err := b.eng.Rollback(p.TurnID, rel, p.Force)
+	r, err := b.eng.Rollback(p.TurnID, rel, p.Force, ctlCaller(ctx))
 	if err != nil {
 		return control.RollbackResult{}, snapshotError("turn:"+p.TurnID, err)
 	}
@@ -89,7 +90,7 @@ func (b *backend) rollback(ctx context.Context, p control.RollbackParams) (contr
 }
 
 func (b *backend) redo(ctx context.Context, p control.RedoParams) (control.RollbackResult, error) {
-	r, err := b.eng.Redo(p.Force)
+	r, err := b.eng.Redo(p.Force, ctlCaller(ctx))
 	if err != nil {
 		return control.RollbackResult{}, snapshotError("redo", err)
 	}
@@ -106,6 +107,9 @@ func (b *backend) redo(ctx context.Context, p control.RedoParams) (control.Rollb
 }
 
 func (b *backend) markUser(ctx context.Context, p control.MarkUserParams) (control.MarkUserResult, error) {
+	if !p.Remove && syscall.Kill(p.Pid, 0) == syscall.ESRCH {
+		return control.MarkUserResult{}, control.Errorf(control.CodeNotFound, "no process %d", p.Pid)
+	}
 	b.eng.MarkUser(p.Pid, !p.Remove)
 	return control.MarkUserResult{Pid: p.Pid, User: !p.Remove}, nil
 }
@@ -241,7 +245,7 @@ func runRollback(ctx context.Context, args []string) error {
 			notes = os.Stderr
 		}
 		for _, x := range res.Conflicts {
-			fmt.Fprintf(notes, "conflict  %s: %s (turn left %s, now %s)\n", x.Path, x.Reason, x.Expected, x.Actual)
+			fmt.Fprintf(notes, "conflict  %s: %s%s\n", x.Path, x.Reason, conflictStates("turn left", "now", x))
 		}
 		for _, f := range res.Failed {
 			fmt.Fprintf(notes, "failed    %s: %s\n", f.Path, f.Reason)
@@ -278,7 +282,7 @@ func runRedo(ctx context.Context, args []string) error {
 			fmt.Printf("restored  %s\n", r)
 		}
 		for _, x := range res.Conflicts {
-			fmt.Printf("conflict  %s: %s (rollback left %s, now %s)\n", x.Path, x.Reason, x.Expected, x.Actual)
+			fmt.Printf("conflict  %s: %s%s\n", x.Path, x.Reason, conflictStates("rollback left", "now", x))
 		}
 		for _, f := range res.Failed {
 			fmt.Printf("failed    %s: %s\n", f.Path, f.Reason)

@@ -13,9 +13,10 @@ import (
 )
 
 func runUnmount(ctx context.Context, args []string) error {
-	var lazy bool
+	var lazy, asJSON bool
 	fs := newFlagSet("unmount")
 	fs.BoolVar(&lazy, "lazy", false, "detach now even if files are open; the daemon serves until the last one is closed")
+	fs.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	if err := fs.Parse(args); err != nil {
 		return usagef("%v", err)
 	}
@@ -48,6 +49,9 @@ func runUnmount(ctx context.Context, args []string) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) && !lazy && daemonHolds(state) {
 		time.Sleep(20 * time.Millisecond)
+	}
+	if asJSON {
+		return printJSON(map[string]any{"unmounted": mp, "state": state, "lazy": lazy})
 	}
 	fmt.Printf("unmounted %s; the pending set is kept in %s\n", mp, state)
 	return nil
