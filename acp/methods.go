@@ -272,6 +272,11 @@ func (p *Proxy) serveFS(e envelope) map[string]any {
 		return errorResponse(e.ID, -32602, "invalid params: "+err.Error())
 	}
 	rel, err := p.relPath(ps.Path)
+	if err == nil {
+		// The daemon opens a path as it is; the agent means what an open
+		// in the staged view would reach.
+		rel, err = p.resolve(rel)
+	}
 	if err != nil {
 		return errorResponse(e.ID, -32602, err.Error())
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -31,6 +32,7 @@ const pendingDebounce = 200 * time.Millisecond
 type Proxy struct {
 	ctl       *control.Client // the daemon's control socket
 	workspace string          // the workspace's own path, as the agent sees it
+	mount     string          // the mount point: the staged view, outside the sandbox
 	logf      func(string, ...any)
 
 	client *writer // to the editor
@@ -59,13 +61,13 @@ type request struct {
 }
 
 // New makes a proxy over the daemon reached by ctl, for the workspace at
-// path workspace.
-func New(ctl *control.Client, workspace string, logf func(string, ...any)) *Proxy {
+// path workspace, whose staged view is mounted at mount.
+func New(ctl *control.Client, workspace, mount string, logf func(string, ...any)) *Proxy {
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
 	return &Proxy{
-		ctl: ctl, workspace: workspace, logf: logf,
+		ctl: ctl, workspace: workspace, mount: mount, logf: logf,
 		sessions:  map[string]bool{},
 		inFlight:  map[string]request{},
 		toolCalls: map[string][]string{},
@@ -411,6 +413,8 @@ func (p *Proxy) agentGone(err error) {
 	if err != nil {
 		why += ": " + err.Error()
 	}
+	// The snapshots first: an editor told of the end may act on them.
+	p.promptEnded()
 	p.mu.Lock()
 	ids := make([]string, 0, len(p.inFlight))
 	for id := range p.inFlight {
@@ -421,7 +425,6 @@ func (p *Proxy) agentGone(err error) {
 	for _, id := range ids {
 		p.client.send(errorResponse(json.RawMessage(id), -32603, why+" before answering; what it staged stays pending (stagefs status)"))
 	}
-	p.promptEnded()
 }
 
 // pumpPending tells the editor, a little after each change, how big the
@@ -490,4 +493,63 @@ func (p *Proxy) relPath(path string) (string, error) {
 		return "", fmt.Errorf("path %s is outside the workspace %s", path, p.workspace)
 	}
 	return rel, nil
+}
+
+// maxSymlinks bounds the links followed for one path, as the kernel's
+// ELOOP limit does.
+const maxSymlinks = 40
+
+// resolve follows the symlinks of the workspace-relative path rel in the
+// staged view, as an open there would, and returns the workspace-relative
+// path it leads to. A link may name its target relative to itself or by
+// an absolute path under the workspace (or the mount); one that leads out
+// of the workspace is refused. A missing last part is kept (a file to be
+// created).
+func (p *Proxy) resolve(rel string) (string, error) {
+	todo := strings.Split(filepath.ToSlash(rel), "/")
+	var done []string
+	for hops := 0; len(todo) > 0; {
+		name := todo[0]
+		todo = todo[1:]
+		switch name {
+		case "", ".":
+			continue
+		case "..":
+			if len(done) == 0 {
+				return "", fmt.Errorf("%s leads out of the workspace", rel)
+			}
+			done = done[:len(done)-1]
+			continue
+		}
+		cur := append(append([]string{}, done...), name)
+		st, err := os.Lstat(filepath.Join(append([]string{p.mount}, cur...)...))
+		if err != nil || st.Mode()&os.ModeSymlink == 0 {
+			done = cur // missing parts are the caller's to report
+			continue
+		}
+		if hops++; hops > maxSymlinks {
+			return "", fmt.Errorf("%s: too many levels of symbolic links", rel)
+		}
+		target, err := os.Readlink(filepath.Join(append([]string{p.mount}, cur...)...))
+		if err != nil {
+			return "", err
+		}
+		if filepath.IsAbs(target) {
+			t := filepath.Clean(target)
+			var inside string
+			switch {
+			case t == p.workspace || strings.HasPrefix(t, p.workspace+"/"):
+				inside = strings.TrimPrefix(strings.TrimPrefix(t, p.workspace), "/")
+			case t == p.mount || strings.HasPrefix(t, p.mount+"/"):
+				inside = strings.TrimPrefix(strings.TrimPrefix(t, p.mount), "/")
+			default:
+				return "", fmt.Errorf("%s leads out of the workspace (to %s)", rel, target)
+			}
+			done = nil
+			todo = append(strings.Split(inside, "/"), todo...)
+		} else {
+			todo = append(strings.Split(target, "/"), todo...)
+		}
+	}
+	return strings.Join(done, "/"), nil
 }

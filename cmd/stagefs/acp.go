@@ -89,7 +89,7 @@ func runACP(ctx context.Context, args []string) error {
 		fromAgentW.Close()
 		exited <- ended{res, err}
 	}()
-	proxy := acp.New(c, init.Workspace, logger.Printf)
+	proxy := acp.New(c, init.Workspace, init.Mount, logger.Printf)
 	// An agent that does not exit when its input ends (the editor went
 	// away) is asked to, then made to.
 	proxy.ClientGone = func() {
