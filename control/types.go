@@ -371,7 +371,16 @@ type Event struct {
 	// "tool_call_restored" with the restored paths.
 	Status string         `json:"status,omitempty"`
 	Meta   map[string]any `json:"_meta,omitempty"`
+	// Progress of a long commit, discard or restore (kind "progress";
+	// Detail names the operation, Final marks its end).
+	Done  int   `json:"done,omitempty"`
+	Total int   `json:"total,omitempty"`
+	Bytes int64 `json:"bytes,omitempty"`
+	Final bool  `json:"final,omitempty"`
 }
+
+// EventProgress reports how far a long commit, discard or restore has come.
+const EventProgress = "progress"
 
 // invalidParams builds a -32602 error naming the offending field in data.
 func invalidParams(field, format string, args ...any) *Error {

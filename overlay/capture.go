@@ -701,8 +701,11 @@ func (e *Engine) restoreFiltered(scope string, keep func(string) bool) (RestoreR
 	}
 	var res RestoreResult
 	seen := map[string]bool{}
+	pr := e.startProgress("restore", len(ents))
+	defer pr.finish()
 	for i := len(ents) - 1; i >= 0; i-- {
 		ent := ents[i]
+		pr.step(ent.Size)
 		if !keep(ent.Path) {
 			continue
 		}

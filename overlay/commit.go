@@ -124,6 +124,8 @@ type commitRun struct {
 	pending   []preparedFile          // files written under temporary names
 	prepared  map[uint64]preparedFile // upper inode -> its first prepared name (hard links)
 
+	progress *progress // counts the steps, for a watching client
+
 	// recovering: Recover is finishing a commit a crash interrupted. A
 	// few states that only this commit's own steps leave half way are
 	// then accepted instead of reported as conflicts.
@@ -131,7 +133,9 @@ type commitRun struct {
 }
 
 func (e *Engine) commitLocked(sel []string, force, recovering bool) CommitResult {
-	r := &commitRun{e: e, force: force, recovering: recovering, syncDir: map[string]bool{}, linked: map[uint64]string{}, failed: map[string]bool{}, prepared: map[uint64]preparedFile{}, movedAway: map[string]bool{}, dirsMade: map[string]bool{}}
+	r := &commitRun{e: e, force: force, recovering: recovering, syncDir: map[string]bool{}, linked: map[uint64]string{}, failed: map[string]bool{}, prepared: map[uint64]preparedFile{}, movedAway: map[string]bool{}, dirsMade: map[string]bool{},
+		progress: e.startProgress("commit", len(sel))}
+	defer r.progress.finish()
 	if recovering {
 		r.resumeMovesAside(sel)
 	}
@@ -608,6 +612,7 @@ func depth(p string) int {
 
 // do runs one step for p unless an ancestor failed, and files the outcome.
 func (r *commitRun) do(p string, step func(string, *meta) error) {
+	defer r.progress.step(0)
 	m := r.e.index[p]
 	if m == nil || r.failed[p] {
 		// Failed in an earlier step (a renamed directory is applied by
@@ -1318,7 +1323,10 @@ func (e *Engine) discardLocked(paths []string) (done, renumbered []string) {
 	}
 	newNumbers := e.renumberCopies(revived)
 	whiteoutKept := false
+	pr := e.startProgress("discard", len(sel))
+	defer pr.finish()
 	for _, p := range sel {
+		pr.step(0)
 		m := e.index[p]
 		if m == nil {
 			done = append(done, p) // went with a discarded directory

@@ -95,6 +95,10 @@ type Options struct {
 	// mount; commit, discard, snapshot and restore records stay durable
 	// before they are answered.
 	JournalSync time.Duration
+	// OnProgress is told how far a long commit, discard or restore has
+	// come (see progress.go); it is called with engine locks held and
+	// must not block.
+	OnProgress func(Progress)
 }
 
 // Engine is the merged view of a workspace and its pending set.

@@ -6,7 +6,9 @@ package test
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -299,4 +301,52 @@ func TestCLISmallEdges(t *testing.T) {
 		t.Errorf("a second mount of the workspace over a non-empty directory: %s", r)
 	}
 	runIn(t, cmdSpec{}, stagefsBin, "unmount", other)
+}
+
+// A long commit shows its progress on a terminal, and nowhere else.
+func TestCLIProgressOnTerminal(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t)
+	os.Mkdir(m.in("many"), 0o755)
+	for i := 0; i < 1500; i++ {
+		if err := os.WriteFile(m.in(fmt.Sprintf("many/f%04d", i)), []byte("some content\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Not a terminal: nothing but the result.
+	r := runIn(t, cmdSpec{env: []string{"STAGEFS_PROGRESS_AFTER=0s"}}, stagefsBin, "commit", "-m", m.mnt, "many/f0000")
+	if r.code != 0 || strings.Contains(r.stderr, "paths") {
+		t.Errorf("commit with stderr not a terminal: %s", r)
+	}
+	// On a terminal: "commit: N/1499 paths" while it runs (the directory
+	// went with the first file).
+	master, slave, err := openPty(24, 80)
+	if err != nil {
+		t.Skipf("no pseudo-terminal: %v", err)
+	}
+	defer master.Close()
+	cmd := exec.Command(stagefsBin, "commit", "-m", m.mnt)
+	cmd.Env = append(baseEnv(), "STAGEFS_PROGRESS_AFTER=0s")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	slave.Close()
+	out := make(chan string, 1)
+	go func() {
+		b, _ := io.ReadAll(master) // ends with EIO once the command has gone
+		out <- string(b)
+	}()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("commit on a terminal: %v", err)
+	}
+	var text string
+	select {
+	case text = <-out:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no end of output from the terminal")
+	}
+	if !strings.Contains(text, "commit: ") || !strings.Contains(text, "/1499 paths") {
+		t.Errorf("no progress on the terminal:\n%q", text)
+	}
 }

@@ -269,7 +269,9 @@ func runCommit(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	stop := watchProgress(c, cf)
 	res, err := c.Commit(ctx, control.CommitParams{Paths: paths, Force: force})
+	stop()
 	var ce *control.Error
 	if err != nil && !errors.As(err, &ce) {
 		// The connection broke: the daemon stopped mid-commit. The commit
@@ -317,7 +319,9 @@ func runDiscard(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	stop := watchProgress(c, cf)
 	res, err := c.Discard(ctx, paths)
+	stop()
 	if err != nil {
 		return err
 	}

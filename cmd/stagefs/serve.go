@@ -101,6 +101,9 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		CaptureFailure:  cfg.captureFailure,
 		JournalSync:     cfg.journalSync,
 		OnCaptureFailed: b.captureFailed,
+		OnProgress: func(p overlay.Progress) {
+			b.publish(control.Event{Kind: control.EventProgress, Detail: p.Op, Done: p.Done, Total: p.Total, Bytes: p.Bytes, Final: p.Final})
+		},
 		OnRenumbered: func(paths []string) {
 			if b.fs != nil {
 				b.fs.Invalidate(paths)

@@ -99,7 +99,9 @@ func runRestore(ctx context.Context, args []string) error {
 	if len(rest) != 1 {
 		return usagef("usage: stagefs restore SCOPE [--keep-later]")
 	}
+	stop := watchProgress(c, cf)
 	res, err := c.RestoreWith(ctx, control.RestoreParams{ScopeID: rest[0], KeepLater: keepLater})
+	stop()
 	if err != nil {
 		return err
 	}

@@ -223,7 +223,9 @@ func runRollback(ctx context.Context, args []string) error {
 	if p.Paths, err = fromHere(ctx, c, p.Paths); err != nil {
 		return err
 	}
+	stop := watchProgress(c, cf)
 	res, err := c.Rollback(ctx, p)
+	stop()
 	if err != nil {
 		return err
 	}
@@ -269,7 +271,9 @@ func runRedo(ctx context.Context, args []string) error {
 	if len(rest) > 0 {
 		return usagef("usage: stagefs redo [--force]")
 	}
+	stop := watchProgress(c, cf)
 	res, err := c.Redo(ctx, control.RedoParams{Force: force})
+	stop()
 	if err != nil {
 		return err
 	}
