@@ -32,6 +32,9 @@ type TurnInfo struct {
 	Files   int      `json:"files"`
 	Bytes   int64    `json:"bytes"`
 	Paths   []string `json:"paths,omitempty"`
+	// Uncaptured are paths the turn changed whose pre-image could not be
+	// stored (a full state dir): rollback cannot put them back.
+	Uncaptured []string `json:"uncaptured,omitempty"`
 }
 
 // CheckpointsResult lists turns, newest first.

@@ -174,6 +174,7 @@ func (e *Engine) captureMove(c Caller, oldp, newp string) error {
 // tells the host); with CaptureFailure "deny" the mutation fails with
 // ENOSPC instead.
 func (e *Engine) captureFailed(scope, p string, err error) error {
+	err = stateDirError(e.opts.StateDir, err)
 	e.logf("capture of %s for %s failed: %v", p, scope, err)
 	if e.opts.CaptureFailure == "deny" {
 		return syscall.ENOSPC
@@ -237,6 +238,9 @@ func (e *Engine) markIncomplete(scope, p string, err error) {
 	if merr := e.snaps.MarkUncaptured(scope, p); merr != nil {
 		e.logf("mark %s uncaptured in %s: %v", p, scope, merr)
 	}
+	// In the journal too, so that stagefs log shows it (best effort: the
+	// disk that refused the pre-image may refuse the record).
+	e.recordLazy(Record{Op: "capture_failed", Path: p, Detail: strings.TrimPrefix(scope, turnPrefix) + ": " + err.Error()})
 	if e.opts.OnCaptureFailed != nil {
 		e.opts.OnCaptureFailed(scope, p, err)
 	}
@@ -1429,8 +1433,18 @@ func (e *Engine) captureHeld(s snapshot.Info) {
 			err = e.snaps.Add(s.ScopeID, *pre)
 		}
 		if err != nil && !errors.Is(err, snapshot.ErrClosed) && !errors.Is(err, syscall.ENOENT) {
+			err = stateDirError(e.opts.StateDir, err)
 			e.logf("capture of %s (held open for writing) for %s failed: %v", w.Path, s.ScopeID, err)
 			e.markIncomplete(s.ScopeID, w.Path, err)
 		}
 	}
+}
+
+// stateDirError says, for an error of the state dir's disk being full,
+// that the state dir is what is full: the user's workspace may have room.
+func stateDirError(state string, err error) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return fmt.Errorf("the state dir %s is full (%w): free space there, or mount with --state on a larger disk", state, err)
+	}
+	return err
 }

@@ -53,6 +53,9 @@ type Turn struct {
 	Open    bool
 	Paths   []string
 	Bytes   int64
+	// Uncaptured are paths the turn changed whose pre-image could not be
+	// stored (a full state dir): a rollback cannot put them back.
+	Uncaptured []string
 }
 
 type turnLabel struct {
@@ -488,7 +491,7 @@ func (e *Engine) Turns() []Turn {
 		s := ts[i]
 		id := strings.TrimPrefix(s.ScopeID, turnPrefix)
 		paths, _ := e.touchedPaths(s.ScopeID)
-		out = append(out, Turn{ID: id, Label: labels[id].Label, Started: time.Unix(0, s.Created), Open: !s.Closed, Paths: paths, Bytes: s.Bytes})
+		out = append(out, Turn{ID: id, Label: labels[id].Label, Started: time.Unix(0, s.Created), Open: !s.Closed, Paths: paths, Bytes: s.Bytes, Uncaptured: s.Uncaptured})
 	}
 	return out
 }

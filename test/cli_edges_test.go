@@ -350,3 +350,35 @@ func TestCLIProgressOnTerminal(t *testing.T) {
 		t.Errorf("no progress on the terminal:\n%q", text)
 	}
 }
+
+// A pre-image that cannot be stored during a turn shows in checkpoints and
+// in the log.
+func TestCLIUncapturedTurnShown(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"big.bin": strings.Repeat("x", 300<<10)}), withMountFlags("--snapshot-cap", "100000"))
+	m.mustCLI("turn", "t1")
+	sh(t, m.mnt, "echo changed > big.bin")
+	var cp struct {
+		Turns []struct {
+			TurnID     string
+			Uncaptured []string
+		}
+	}
+	if err := json.Unmarshal([]byte(m.mustCLI("checkpoints", "--json")), &cp); err != nil || len(cp.Turns) != 1 || fmt.Sprint(cp.Turns[0].Uncaptured) != "[big.bin]" {
+		t.Errorf("checkpoints --json: %+v %v", cp, err)
+	}
+	if out := m.mustCLI("checkpoints"); !strings.Contains(out, "incomplete: 1 path(s) not captured") {
+		t.Errorf("checkpoints:\n%s", out)
+	}
+	var lr struct {
+		Records []struct{ Op, Path, Detail string }
+	}
+	json.Unmarshal([]byte(m.mustCLI("log", "--json")), &lr)
+	found := false
+	for _, r := range lr.Records {
+		found = found || (r.Op == "capture_failed" && r.Path == "big.bin" && strings.HasPrefix(r.Detail, "t1: "))
+	}
+	if !found {
+		t.Errorf("no capture_failed record for big.bin in the log: %+v", lr.Records)
+	}
+}

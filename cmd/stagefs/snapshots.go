@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"syscall"
 	"time"
 
 	"stagefs/control"
@@ -38,6 +39,10 @@ func snapshotError(scope string, err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		// Say that it is the state dir that is full: the workspace's
+		// disk may have room.
+		return control.Errorf(control.CodeInvalidState, "the state dir is full (%v): free space there, or mount with --state on a larger disk; stagefs status shows the state dir", err)
 	case errors.Is(err, snapshot.ErrNotFound):
 		// Turns say what is missing ("no turn t9", "nothing to redo");
 		// a missing snapshot is named by its scope.

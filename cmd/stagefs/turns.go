@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -25,7 +26,7 @@ func (b *backend) registerTurns(s *control.Server) {
 }
 
 func turnInfo(t overlay.Turn) control.TurnInfo {
-	return control.TurnInfo{TurnID: t.ID, Label: t.Label, Started: t.Started.UTC().Format(time.RFC3339Nano), Open: t.Open, Files: len(t.Paths), Bytes: t.Bytes, Paths: t.Paths}
+	return control.TurnInfo{TurnID: t.ID, Label: t.Label, Started: t.Started.UTC().Format(time.RFC3339Nano), Open: t.Open, Files: len(t.Paths), Bytes: t.Bytes, Paths: t.Paths, Uncaptured: t.Uncaptured}
 }
 
 func (b *backend) turn(ctx context.Context, p control.TurnParams) (control.TurnInfo, error) {
@@ -189,6 +190,9 @@ func runCheckpoints(ctx context.Context, args []string) error {
 		state := ""
 		if t.Open {
 			state = " (open)"
+		}
+		if n := len(t.Uncaptured); n > 0 {
+			state += fmt.Sprintf(" (incomplete: %d path(s) not captured, rollback cannot restore them: %s)", n, strings.Join(t.Uncaptured, ", "))
 		}
 		fmt.Printf("%-12s %s  %d file(s)  %s  %s%s\n", t.TurnID, t.Started, t.Files, humanBytes(t.Bytes), t.Label, state)
 	}
