@@ -157,7 +157,20 @@ func (b *backend) Status(ctx context.Context, paths []string) (control.StatusRes
 	}
 	now := time.Now()
 	res := control.StatusResult{Entries: []control.StatusEntry{}, Mode: string(b.eng.Mode()), Policy: b.policy()}
-	for _, c := range b.eng.Pending(rel) {
+	changes := b.eng.Pending(rel)
+	// A renamed directory is one entry, "rename" with its source: the
+	// deletion that hides the source in the pending set is shown only
+	// when the rename is not (a status of the source alone).
+	movedFrom := map[string]bool{}
+	for _, c := range changes {
+		if c.Dir && c.From != "" {
+			movedFrom[c.From] = true
+		}
+	}
+	for _, c := range changes {
+		if movedFrom[c.Path] && c.Kind == "deleted" {
+			continue
+		}
 		age := now.Sub(c.Time).Milliseconds()
 		res.Entries = append(res.Entries, control.StatusEntry{
 			Path: c.Path, Kind: statusKind(c), From: c.From, Bytes: c.Bytes, AgeMs: age, PID: c.Pid, Comm: c.Comm,
