@@ -43,8 +43,25 @@
 // Engine.mu guards the index and serializes namespace changes (create,
 // unlink, rename, copy-up, commit, discard). Reads of the namespace (lookup,
 // getattr, readdir) take it shared. Data I/O on open files takes no engine
-// lock. Journal records are appended after the lock is released, but before
-// the operation returns.
+// lock. Staging records are appended after the lock is released, but before
+// the operation returns; a commit's intent record is written under it.
+//
+// Lock order: a lock may be taken while holding those above it in this
+// table, never the reverse. Locks on one line are not held together.
+//
+//	the daemon's hook channel (cmd/stagefs hookChannel.mu)
+//	fusefs: a file handle's mu (re-pointing an open file)
+//	Engine.turnMu        turn start and end, rollback, redo
+//	Engine.textMu        a whole ReadFile or PatchFile
+//	Engine.mu            the index, namespace changes, commit, discard
+//	turnState.mu, Engine.failMu, Engine.trashMu, Engine.userMu,
+//	inoMap.mu, dirCache.mu, procCache.mu, progress.mu
+//	snapshot.Store.mu    (capture under Engine.mu; it fsyncs under it)
+//	journal.Journal.mu   (a commit's intent under Engine.mu)
+//
+// The engine's callbacks (OnChange, OnCaptureFailed, OnProgress) are
+// called with Engine.mu held and must take no lock above it and never
+// block; the daemon's only publish to in-memory event queues.
 //
 // # Durability of the journal
 //
