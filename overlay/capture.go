@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"stagefs/internal/atomicfile"
 	"stagefs/internal/fdio"
 	"stagefs/snapshot"
 )
@@ -477,14 +478,12 @@ func (e *Engine) savePost(info snapshot.Info) {
 	})
 	b, _ := json.Marshal(post)
 	final := e.postFile(info.ID)
-	tmp := final + ".tmp"
-	if err := os.MkdirAll(filepath.Dir(final), 0o700); err == nil {
-		if err = os.WriteFile(tmp, b, 0o600); err == nil {
-			err = os.Rename(tmp, final)
-		}
-		if err != nil {
-			e.logf("save the state after %s: %v", info.ScopeID, err)
-		}
+	err := os.MkdirAll(filepath.Dir(final), 0o700)
+	if err == nil {
+		err = atomicfile.Write(final, b, 0o600)
+	}
+	if err != nil {
+		e.logf("save the state after %s: %v", info.ScopeID, err)
 	}
 }
 
@@ -927,25 +926,8 @@ func writeMoveState(state, phase string) error {
 	if err := os.MkdirAll(filepath.Dir(state), 0o700); err != nil {
 		return err
 	}
-	tmp := state + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.WriteString(phase)
-	if err == nil {
-		err = f.Sync() // a restore is rare: it may wait for the disk
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, state); err != nil {
-		return err
-	}
-	return syncDir(filepath.Dir(state))
+	// A restore is rare: it may wait for the disk.
+	return atomicfile.Write(state, []byte(phase), 0o600)
 }
 
 // undelete brings back a workspace directory that the pending set deletes,

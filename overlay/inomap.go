@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+
+	"stagefs/internal/atomicfile"
 )
 
 // inoMap keeps inode numbers stable across commit. Commit writes a new
@@ -209,42 +212,20 @@ func truncateDurably(path string, size int64) error {
 
 // rewrite replaces the file with one line per live mapping, atomically.
 func (m *inoMap) rewrite() error {
-	tmp := m.path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	w := bufio.NewWriter(f)
 	size := int64(0)
-	for real, shown := range m.byReal {
-		n, _ := fmt.Fprintf(w, "%d %d\n", real, shown)
-		size += int64(n)
-	}
-	err = w.Flush()
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, m.path)
-	}
+	err := atomicfile.WriteFunc(m.path, 0o600, atomicfile.Options{}, func(f io.Writer) error {
+		w := bufio.NewWriter(f)
+		for real, shown := range m.byReal {
+			n, _ := fmt.Fprintf(w, "%d %d\n", real, shown)
+			size += int64(n)
+		}
+		return w.Flush()
+	})
 	if err != nil {
-		os.Remove(tmp)
 		return fmt.Errorf("compact %s: %w", m.path, err)
 	}
 	m.lines = len(m.byReal)
 	m.size = size
-	return syncDir(filepath.Dir(m.path))
+	return nil
 }
 
-// syncDir makes a rename inside dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}

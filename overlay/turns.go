@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"stagefs/internal/atomicfile"
 	"stagefs/internal/unidiff"
 	"stagefs/snapshot"
 )
@@ -75,15 +76,7 @@ func (e *Engine) loadTurnLabels() map[string]turnLabel {
 
 func (e *Engine) saveTurnLabels(m map[string]turnLabel) error {
 	b, _ := json.Marshal(m)
-	tmp := e.turnsFile() + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	if f, err := os.Open(tmp); err == nil {
-		f.Sync()
-		f.Close()
-	}
-	return os.Rename(tmp, e.turnsFile())
+	return atomicfile.Write(e.turnsFile(), b, 0o600)
 }
 
 // MarkUser marks pid (and its descendants) as the user's own processes,

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -14,6 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"stagefs/internal/atomicfile"
 )
 
 // Kind says what a path was before its first mutation.
@@ -478,28 +481,13 @@ func (s *Store) CreateLabeled(scopeID, turn, label string, pid int) (Info, error
 // writeAtomic writes data to a temp file in dir and renames it to final;
 // with durable, both the file and the rename are fsynced first.
 func (s *Store) writeAtomic(dir, final string, data []byte, durable bool) error {
-	f, err := os.CreateTemp(dir, tmpPrefix+"*")
-	if err != nil {
+	if durable {
+		s.flushes.Add(2) // the file and its directory
+	}
+	return atomicfile.WriteFunc(final, 0o644, atomicfile.Options{NoSync: !durable || s.noSync}, func(w io.Writer) error {
+		_, err := w.Write(data)
 		return err
-	}
-	_, err = f.Write(data)
-	if err == nil && durable {
-		err = s.syncFile(f)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), final)
-	}
-	if err != nil {
-		os.Remove(f.Name())
-		return err
-	}
-	if !durable {
-		return nil
-	}
-	return s.syncDir(dir)
+	})
 }
 
 func (s *Store) manifestPath(id string) string {
