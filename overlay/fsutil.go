@@ -1,12 +1,17 @@
 package overlay
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"io"
 	"path"
 	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"stagefs/internal/fdio"
 )
 
 // beneath resolves directories under a root fd: no symlink is followed and
@@ -311,4 +316,22 @@ func dtToMode(t uint8) uint32 {
 		return syscall.S_IFBLK
 	}
 	return 0
+}
+
+// hashOf returns the hex SHA-256 of what fd reads.
+func hashOf(fd int) string {
+	h := sha256.New()
+	if _, err := copyBuffer(h, fdio.Reader(fd)); err != nil {
+		return ""
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func copyBuffer(w io.Writer, r io.Reader) (int64, error) {
+	return io.CopyBuffer(w, r, make([]byte, 256<<10))
+}
+
+func parentOf(p string) string {
+	dir, _ := splitPath(p)
+	return dir
 }

@@ -228,4 +228,3 @@ func (m *inoMap) rewrite() error {
 	m.size = size
 	return nil
 }
-
