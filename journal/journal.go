@@ -27,10 +27,16 @@ type Options struct {
 
 // RecoverInfo tells what Open found.
 type RecoverInfo struct {
-	Records    int    // valid records in the log
-	LastSeq    uint64 // sequence number of the last valid record, 0 when none
-	TornBytes  int64  // bytes cut off the tail (0 when clean)
-	BrokenCopy string // path of the saved copy of the torn bytes, "" when none
+	// Records are the valid records read: those after the checkpoint, or
+	// all of them without one.
+	Records int
+	// CheckpointSeq is the last record before the checkpoint Open started
+	// from (0: none, the whole journal was read). No commit was in flight
+	// at a checkpoint, so none starts before it.
+	CheckpointSeq uint64
+	LastSeq       uint64 // sequence number of the last valid record, 0 when none
+	TornBytes     int64  // bytes cut off the tail (0 when clean)
+	BrokenCopy    string // path of the saved copy of the torn bytes, "" when none
 }
 
 // CorruptError is returned by Open when a record in the middle of the log is
@@ -66,7 +72,8 @@ type Journal struct {
 	syncedSeq uint64 // every record with seq <= syncedSeq is durable
 	syncing   bool   // an fdatasync is running (without mu held)
 	closed    bool
-	err       error // sticky write/fsync failure; refuses further appends
+	err       error  // sticky write/fsync failure; refuses further appends
+	marks     []mark // the sparse index (index.go), oldest first
 }
 
 // Open opens the journal at path, creating it if it is missing, and recovers
@@ -169,6 +176,7 @@ func (j *Journal) writeLocked(payload []byte) (uint64, error) {
 	}
 	seq := j.lastSeq + 1
 	frame := encodeFrame(seq, payload)
+	off := j.size
 	n, err := j.f.Write(frame)
 	if err != nil {
 		// A failed write (a full disk) leaves nothing durable behind once
@@ -182,6 +190,7 @@ func (j *Journal) writeLocked(payload []byte) (uint64, error) {
 	}
 	j.size += int64(n)
 	j.lastSeq = seq
+	j.noteMark(seq, off)
 	return seq, nil
 }
 
@@ -313,8 +322,10 @@ func (j *Journal) Scan(since uint64, fn func(Record) error) error {
 	}
 	defer f.Close()
 	// Stop at the size seen above: a frame being written right now may be
-	// only partly visible to a reader.
-	fr := newFrameReader(io.NewSectionReader(f, fileHeaderLen, size-fileHeaderLen), fileHeaderLen)
+	// only partly visible to a reader. Start at the index's mark before
+	// since: the cost follows the records asked for.
+	start := j.startOf(since)
+	fr := newFrameReader(io.NewSectionReader(f, start, size-start), start)
 	for {
 		rec, err := fr.next()
 		if err == io.EOF {

@@ -25,7 +25,13 @@ func (j *Journal) recover() (RecoverInfo, error) {
 	}
 
 	var info RecoverInfo
-	fr := newFrameReader(io.NewSectionReader(j.f, fileHeaderLen, size-fileHeaderLen), fileHeaderLen)
+	from := fileHeaderLen
+	if c, ok := j.loadCheckpoint(size); ok {
+		// What came before was read whole at a clean close or start.
+		from, info.LastSeq, info.CheckpointSeq = c.Off, c.Seq, c.Seq
+		j.marks = c.Marks
+	}
+	fr := newFrameReader(io.NewSectionReader(j.f, from, size-from), from)
 	for {
 		start := fr.off
 		rec, err := fr.next()
@@ -51,6 +57,7 @@ func (j *Journal) recover() (RecoverInfo, error) {
 		}
 		info.Records++
 		info.LastSeq = rec.Seq
+		j.noteMark(rec.Seq, start)
 	}
 	j.size = size
 

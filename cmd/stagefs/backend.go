@@ -370,7 +370,12 @@ func (b *backend) Log(ctx context.Context, p control.LogParams) (control.LogResu
 		return control.LogResult{}, err
 	}
 	res := control.LogResult{Records: []control.LogEntry{}}
-	err = b.journal.Scan(p.Since, func(r journal.Record) error {
+	since := p.Since
+	if p.Tail > 0 && len(rel) == 0 && b.journal.LastSeq() > uint64(p.Tail) {
+		// The newest records of the whole journal: no need to read it all.
+		since = max(since, b.journal.LastSeq()-uint64(p.Tail))
+	}
+	err = b.journal.Scan(since, func(r journal.Record) error {
 		rec, err := overlay.DecodeRecord(r.Seq, r.Payload)
 		if err != nil {
 			return nil

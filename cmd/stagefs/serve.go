@@ -68,10 +68,17 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		return fmt.Errorf("journal: %w", err)
 	}
 	defer jr.Close()
+	// At a clean exit nothing is in flight: the next start reads only what
+	// comes after (deferred after Close, so it runs first).
+	defer func() {
+		if err := jr.Checkpoint(); err != nil {
+			logger.Printf("%v", err)
+		}
+	}()
 	if info.TornBytes > 0 {
 		logger.Printf("journal: cut a torn tail of %d bytes (kept in %s)", info.TornBytes, info.BrokenCopy)
 	}
-	unfinished, err := unfinishedCommit(jr)
+	unfinished, err := unfinishedCommit(jr, info.CheckpointSeq)
 	if err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}
@@ -121,6 +128,10 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		res := eng.Recover(unfinished)
 		logger.Printf("finished an interrupted commit: %d committed, %d conflicts, %d failed", len(res.Committed), len(res.Conflicts), len(res.Failed))
 		rec.Commit = &commitRecovery{Committed: len(res.Committed), Conflicts: len(res.Conflicts), Failed: len(res.Failed)}
+	}
+	// Recovered, and nothing in flight yet: later starts begin here.
+	if err := jr.Checkpoint(); err != nil {
+		logger.Printf("%v", err)
 	}
 	mfs, err := fusefs.Mount(cfg.mountpoint, eng, fusefs.Options{
 		Timeout:       cfg.timeout,
@@ -270,9 +281,11 @@ func lazyUnmount(mp string) error {
 
 // unfinishedCommit returns the paths of the last commit the journal shows
 // begun but not ended (a crash in the middle).
-func unfinishedCommit(jr *journal.Journal) ([]string, error) {
+// The scan starts after the journal's checkpoint: none was taken with a
+// commit in flight.
+func unfinishedCommit(jr *journal.Journal, since uint64) ([]string, error) {
 	var pending []string
-	err := jr.Scan(0, func(r journal.Record) error {
+	err := jr.Scan(since, func(r journal.Record) error {
 		rec, err := overlay.DecodeRecord(r.Seq, r.Payload)
 		if err != nil {
 			return nil // not an engine record; nothing to finish

@@ -4,6 +4,7 @@
 //
 //	benchops -stagefs PATH [-sizes 1000,10000,100000] [-dir DIR]
 //	benchops -stagefs PATH -sandbox [-dir DIR]
+//	benchops -journal 1000000 [-dir DIR]
 package main
 
 import (
@@ -27,9 +28,14 @@ func main() {
 	sizes := flag.String("sizes", "100,1000,10000,100000", "workspace sizes in files")
 	dir := flag.String("dir", os.TempDir(), "where to make the workspaces")
 	sandbox := flag.Bool("sandbox", false, "measure starting a command in stagefs run's sandbox instead")
+	journalRecords := flag.Int("journal", 0, "measure opening and reading a journal of this many records instead")
 	flag.Parse()
 	if *sandbox {
 		measureSandbox(*bin, *dir)
+		return
+	}
+	if *journalRecords > 0 {
+		measureJournal(*dir, *journalRecords)
 		return
 	}
 	var rows [][]string
