@@ -299,7 +299,7 @@ type SafeTextPatchResult struct {
 }
 
 // LogParams selects journal records: those after Since, touching Paths (all
-// paths if empty), at most Limit of them (0 means the backend's default).
+// paths if empty), at most Limit of them (0: all of them).
 //
 // Limit pages forward: the first Limit records after Since, oldest first;
 // the next page starts after the last one's seq. Tail instead gives the

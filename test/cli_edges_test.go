@@ -382,3 +382,18 @@ func TestCLIUncapturedTurnShown(t *testing.T) {
 		t.Errorf("no capture_failed record for big.bin in the log: %+v", lr.Records)
 	}
 }
+
+// A turn id used before is refused: a new turn under it would drop the
+// old one's pre-images.
+func TestCLITurnIDReuseRefused(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "0\n"}))
+	m.mustCLI("turn", "t1")
+	sh(t, m.mnt, "echo 1 > f.txt")
+	m.mustCLI("turn", "t2")
+	if r := m.cli("turn", "t1"); r.code != 1 || !strings.Contains(r.stderr, "earlier turn") {
+		t.Errorf("stagefs turn t1 again: %s", r)
+	}
+	m.mustCLI("rollback", "t1")
+	assertFile(t, m.in("f.txt"), "0\n")
+}

@@ -30,6 +30,15 @@ func turnInfo(t overlay.Turn) control.TurnInfo {
 }
 
 func (b *backend) turn(ctx context.Context, p control.TurnParams) (control.TurnInfo, error) {
+	// A turn id used before is refused, as a scope id is: a new turn
+	// under it would replace the old one and drop its pre-images.
+	if p.TurnID != "" {
+		for _, t := range b.eng.Turns() {
+			if t.ID == p.TurnID {
+				return control.TurnInfo{}, control.Errorf(control.CodeBusy, "turn id %q names an earlier turn; choose a new id, or leave it out and stagefs numbers the turn", p.TurnID)
+			}
+		}
+	}
 	t, err := b.eng.StartTurn(p.TurnID, shortLabel(p.Label))
 	if err != nil {
 		return control.TurnInfo{}, snapshotError("turn:"+p.TurnID, err)
