@@ -12,9 +12,11 @@ import (
 )
 
 // keptCapabilities are the capabilities a root command keeps: those a
-// container runtime's default profile gives (Docker's), which let root own
-// and chown files, change its ids and bind low ports, and none that reach
-// past the file tree it is given. Gone are CAP_SYS_ADMIN (mount, umount,
+// container runtime's default profile gives (Docker's) but CAP_MKNOD, which
+// let root own and chown files, change its ids and bind low ports, and none
+// that reach past the file tree it is given. (Docker keeps CAP_MKNOD behind
+// a device cgroup; without one, root could make a node for the disk that
+// holds the workspace and write it raw.) Gone are CAP_SYS_ADMIN (mount, umount,
 // pivot_root, setns), CAP_SYS_PTRACE, CAP_SYS_MODULE, CAP_SYS_RAWIO,
 // CAP_DAC_READ_SEARCH (open_by_handle_at reaches any file of a mounted
 // file system, the workspace's included) and the rest.
@@ -22,7 +24,7 @@ var keptCapabilities = []uintptr{
 	unix.CAP_CHOWN, unix.CAP_DAC_OVERRIDE, unix.CAP_FOWNER, unix.CAP_FSETID,
 	unix.CAP_KILL, unix.CAP_SETGID, unix.CAP_SETUID, unix.CAP_SETPCAP,
 	unix.CAP_NET_BIND_SERVICE, unix.CAP_NET_RAW, unix.CAP_SYS_CHROOT,
-	unix.CAP_MKNOD, unix.CAP_AUDIT_WRITE, unix.CAP_SETFCAP,
+	unix.CAP_AUDIT_WRITE, unix.CAP_SETFCAP,
 }
 
 // dropCapabilities leaves this thread, and the command it forks next, only

@@ -29,6 +29,21 @@ const (
 // process; when it exits, the kernel ends every process left in the
 // namespace.
 func InitMain(args []string) int {
+	// Not dumpable: /proc/1 is then root's, and reading or writing this
+	// process's memory, or tracing it, needs CAP_SYS_PTRACE over its user
+	// namespace, which the command never has. Without it the command
+	// could take over a thread of init that still holds CAP_SYS_ADMIN (a
+	// thread's capabilities are its own) and unmount the staged view.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		fmt.Fprintf(os.Stderr, "stagefs: %s: make init undumpable: %v\n", InitCommand, err)
+		return 1
+	}
+	// Descriptors the caller leaked to us (without close-on-exec) must not
+	// reach the command: one on the workspace would lead around the mount.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		fmt.Fprintf(os.Stderr, "stagefs: %s: close inherited descriptors: %v\n", InitCommand, err)
+		return 1
+	}
 	// Until the command runs, failures go to the parent, which prints them
 	// and tells them apart from the command's own status. The command must
 	// inherit neither descriptor.
@@ -172,7 +187,7 @@ func setupMounts(ws, mnt, state string) error {
 	if err := unix.Mount(mnt, ws, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("bind-mount %s over %s: %v%s", mnt, ws, err, userNSHint(err))
 	}
-	if err := hideStateDir(state); err != nil {
+	if err := hideStateDir(state, ws); err != nil {
 		return err
 	}
 	const noExec = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
@@ -196,11 +211,14 @@ func setupMounts(ws, mnt, state string) error {
 // hideStateDir covers a state dir outside the workspace with an empty
 // read-only tmpfs, so neither it nor the control socket can be reached by
 // path. One under the workspace is already hidden by the mount (ENOENT).
-func hideStateDir(state string) error {
+func hideStateDir(state, ws string) error {
 	st, err := os.Stat(state)
 	switch {
+	case errors.Is(err, os.ErrNotExist) && (state == ws || strings.HasPrefix(state, ws+"/")):
+		return nil // under the workspace: the mount hides it
 	case errors.Is(err, os.ErrNotExist):
-		return nil
+		// Fail closed: a state dir not found is not known to be hidden.
+		return fmt.Errorf("state dir %s: not found, so it cannot be hidden", state)
 	case err != nil:
 		return fmt.Errorf("state dir %s: %v", state, err)
 	case !st.IsDir():

