@@ -353,10 +353,21 @@ func (e *Engine) OpenSnapshot(scope, turn string, pid int, paths []string) (snap
 // OpenLabeledSnapshot is OpenSnapshot with a label for people: the tool
 // and its command or file.
 func (e *Engine) OpenLabeledSnapshot(scope, turn, label string, pid int, paths []string) (snapshot.Info, error) {
+	return e.openSnapshot(scope, turn, label, pid, paths, true)
+}
+
+// OpenSnapshotBeside opens an unbound snapshot like OpenLabeledSnapshot,
+// but leaves the other unbound snapshots open: for a caller that closes
+// its own (the agents' hook channel), so that it can close nobody else's.
+func (e *Engine) OpenSnapshotBeside(scope, turn, label string) (snapshot.Info, error) {
+	return e.openSnapshot(scope, turn, label, 0, nil, false)
+}
+
+func (e *Engine) openSnapshot(scope, turn, label string, pid int, paths []string, closeOthers bool) (snapshot.Info, error) {
 	if e.snaps == nil {
 		return snapshot.Info{}, errors.New("snapshots are not enabled")
 	}
-	if pid == 0 && len(paths) == 0 && !internalScope(scope) {
+	if closeOthers && pid == 0 && len(paths) == 0 && !internalScope(scope) {
 		for _, s := range e.snaps.OpenSnapshots() {
 			if s.Pid == 0 && s.ScopeID != scope && !internalScope(s.ScopeID) {
 				e.CloseSnapshot(s.ScopeID)

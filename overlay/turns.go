@@ -430,8 +430,22 @@ func (e *Engine) pruneTurns(labels map[string]turnLabel) {
 	changed := e.dropOrphans()
 	turns := e.turnSnapshots()
 	cutoff := time.Now().Add(-e.turnOpts.MaxAge).UnixNano()
-	for i, t := range turns {
-		tooMany := len(turns)-i > e.turnOpts.MaxTurns
+	// Closed turns that captured nothing hold nothing to roll back to: they do not
+	// count against MaxTurns, so a burst of empty turns (prompts that
+	// changed nothing, or a tool starting turns on purpose) cannot push
+	// out the ones that did; only the newest few of them are kept.
+	const keepEmpty = 8
+	full, empty := 0, 0
+	for i := len(turns) - 1; i >= 0; i-- {
+		t := turns[i]
+		tooMany := false
+		if t.Closed && len(t.Paths) == 0 && len(t.Uncaptured) == 0 {
+			empty++
+			tooMany = empty > keepEmpty
+		} else {
+			full++
+			tooMany = full > e.turnOpts.MaxTurns
+		}
 		if t.Closed && (tooMany || t.Created < cutoff) {
 			id := strings.TrimPrefix(t.ScopeID, turnPrefix)
 			e.dropTurn(id)
@@ -740,6 +754,9 @@ func (e *Engine) Rollback(turnID string, paths []string, force bool, c Caller) (
 	for _, id := range plan.turns {
 		r, err := e.restoreFiltered(turnPrefix+id, func(p string) bool { return within(p, paths) && !skip[p] })
 		if err != nil {
+			// What was restored before the failure can still be taken
+			// back: the redo level goes on the stack all the same.
+			e.pushRedo(newRedo)
 			return res, err
 		}
 		for _, p := range r.Restored {
@@ -751,12 +768,7 @@ func (e *Engine) Rollback(turnID string, paths []string, force bool, c Caller) (
 		res.Failed = append(res.Failed, r.Failed...)
 	}
 	sort.Strings(res.Restored)
-	if newRedo != "" {
-		// Redo compares each path with what the rollback left, so it
-		// overwrites nobody's later edit.
-		e.redos = append(e.redos, redoLevel{scope: newRedo, left: e.viewStates(newRedo)})
-	}
-	e.redoValid.Store(len(e.redos) > 0)
+	e.pushRedo(newRedo)
 	e.note(Record{Op: "rollback", Pid: c.Pid, Detail: fmt.Sprintf("to the start of %s: %d restored, %d conflicts", res.Turn, len(res.Restored), len(res.Conflicts))})
 	return res, nil
 }
@@ -1116,6 +1128,17 @@ func entryPaths(ents []snapshot.Entry) []string {
 		}
 	}
 	return out
+}
+
+// pushRedo puts the redo snapshot of a rollback just made on the stack
+// (nothing when it overwrote nothing).
+func (e *Engine) pushRedo(scope string) {
+	if scope != "" {
+		// Redo compares each path with what the rollback left, so it
+		// overwrites nobody's later edit.
+		e.redos = append(e.redos, redoLevel{scope: scope, left: e.viewStates(scope)})
+	}
+	e.redoValid.Store(len(e.redos) > 0)
 }
 
 func (e *Engine) dropRedo() {

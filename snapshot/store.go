@@ -484,7 +484,7 @@ func (s *Store) writeAtomic(dir, final string, data []byte, durable bool) error 
 	if durable {
 		s.flushes.Add(2) // the file and its directory
 	}
-	return atomicfile.WriteFunc(final, 0o644, atomicfile.Options{NoSync: !durable || s.noSync}, func(w io.Writer) error {
+	return atomicfile.WriteFunc(final, 0o600, atomicfile.Options{NoSync: !durable || s.noSync}, func(w io.Writer) error {
 		_, err := w.Write(data)
 		return err
 	})

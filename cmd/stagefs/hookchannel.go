@@ -4,6 +4,10 @@ package main
 // hooks start turns and bracket tool calls with snapshots through it, and
 // nothing else. It lives beside the control socket but on a socket of its
 // own, reachable inside the sandbox, where the control socket is not.
+//
+// Everything inside the sandbox can reach it, the model's own commands
+// included, so it acts only on what it started itself (never on a turn's
+// snapshot, a host's or another proxy's), and bounds what it keeps.
 
 import (
 	"context"
@@ -21,6 +25,22 @@ import (
 	"stagefs/snapshot"
 )
 
+// Bounds on what the hook channel keeps: a tool call that floods it gets
+// errors, and the daemon stays up.
+const (
+	maxHookScopes   = 512 // tool calls started and not yet closed (or waiting for their command to exit)
+	maxHookSessions = 256 // agent sessions with a counter
+)
+
+// hookScope is one tool call the hook channel started.
+type hookScope struct {
+	session  string
+	label    string
+	prepared bool     // waiting for its command to bind it (not opened yet)
+	bound    *os.File // the pidfd of the shell it follows, once bound
+	ending   bool     // its end came while the shell still ran: closes at its exit
+}
+
 // hookChannel keeps what the hooks of agents' sessions have started.
 //
 // Lock order: mu before the engine's locks (it calls the engine with mu
@@ -29,15 +49,11 @@ type hookChannel struct {
 	b    *backend
 	logf func(format string, args ...any)
 
-	mu sync.Mutex
-	// prepared holds tool calls whose snapshot opens when their command
-	// binds it (HookToolCallStartParams.Bind): scope → label.
-	prepared map[string]string
+	mu     sync.Mutex
+	scopes map[string]*hookScope // by scope id: every tool call not closed yet
 	// sessions: per agent session, the tool calls in start order that have
 	// not ended, and the counter that names those the agent gives no id.
 	sessions map[string]*hookSession
-	// bound: the pidfd of the process each bound tool call follows.
-	bound map[string]int
 }
 
 type hookSession struct {
@@ -46,7 +62,7 @@ type hookSession struct {
 }
 
 func newHookChannel(b *backend, logf func(string, ...any)) *hookChannel {
-	return &hookChannel{b: b, logf: logf, prepared: map[string]string{}, sessions: map[string]*hookSession{}, bound: map[string]int{}}
+	return &hookChannel{b: b, logf: logf, scopes: map[string]*hookScope{}, sessions: map[string]*hookSession{}}
 }
 
 // serve listens on the hook channel's abstract socket and answers the hook
@@ -66,13 +82,17 @@ func (h *hookChannel) serve(name string) (*control.Server, error) {
 	return s, nil
 }
 
-func (h *hookChannel) session(id string) *hookSession {
+// session returns the session's state, making it when there is room.
+func (h *hookChannel) session(id string) (*hookSession, error) {
 	s := h.sessions[id]
 	if s == nil {
+		if len(h.sessions) >= maxHookSessions {
+			return nil, control.Errorf(control.CodeBusy, "the hook channel keeps at most %d agent sessions", maxHookSessions)
+		}
 		s = &hookSession{}
 		h.sessions[id] = s
 	}
-	return s
+	return s, nil
 }
 
 func (h *hookChannel) turn(ctx context.Context, p control.HookTurnParams) (control.TurnInfo, error) {
@@ -93,7 +113,13 @@ func (h *hookChannel) turn(ctx context.Context, p control.HookTurnParams) (contr
 func (h *hookChannel) start(ctx context.Context, p control.HookToolCallStartParams) (control.HookToolCallStartResult, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	sess := h.session(p.SessionID)
+	if len(h.scopes) >= maxHookScopes {
+		return control.HookToolCallStartResult{}, control.Errorf(control.CodeBusy, "the hook channel has %d tool calls open; end some first", len(h.scopes))
+	}
+	sess, err := h.session(p.SessionID)
+	if err != nil {
+		return control.HookToolCallStartResult{}, err
+	}
 	scope := p.ScopeID
 	for scope == "" {
 		// An agent whose hooks carry no tool call id (Gemini CLI): the
@@ -109,17 +135,28 @@ func (h *hookChannel) start(ctx context.Context, p control.HookToolCallStartPara
 	if err := checkScope(scope); err != nil {
 		return control.HookToolCallStartResult{}, err
 	}
+	if h.scopes[scope] != nil {
+		return control.HookToolCallStartResult{}, control.Errorf(control.CodeBusy, "tool call %q has started already", scope)
+	}
 	if err := h.b.checkScopeUnused(scope); err != nil {
 		return control.HookToolCallStartResult{}, err
 	}
-	if _, ok := h.prepared[scope]; ok {
-		return control.HookToolCallStartResult{}, control.Errorf(control.CodeBusy, "tool call %q has started already", scope)
+	hs := &hookScope{session: p.SessionID, label: shortLabel(p.Label), prepared: p.Bind}
+	if !p.Bind {
+		// One unbound tool call per session at a time: a previous one
+		// whose end never came (a failed hook) stops here, as a host's
+		// would when it opens the next. Other sessions' and other
+		// clients' snapshots stay open.
+		for _, id := range sess.open {
+			if o := h.scopes[id]; o != nil && !o.prepared && o.bound == nil && !o.ending {
+				h.closeLocked(id)
+			}
+		}
+		if _, err := h.b.eng.OpenSnapshotBeside(scope, h.b.eng.CurrentTurn(), hs.label); err != nil {
+			return control.HookToolCallStartResult{}, snapshotError(scope, err)
+		}
 	}
-	if p.Bind {
-		h.prepared[scope] = shortLabel(p.Label)
-	} else if _, err := h.b.eng.OpenLabeledSnapshot(scope, h.b.eng.CurrentTurn(), shortLabel(p.Label), 0, nil); err != nil {
-		return control.HookToolCallStartResult{}, snapshotError(scope, err)
-	}
+	h.scopes[scope] = hs
 	sess.open = append(sess.open, scope)
 	return control.HookToolCallStartResult{ScopeID: scope}, nil
 }
@@ -135,19 +172,20 @@ func (h *hookChannel) bind(ctx context.Context, p control.HookToolCallBindParams
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	label, ok := h.prepared[p.ScopeID]
-	if !ok {
+	hs := h.scopes[p.ScopeID]
+	if hs == nil || !hs.prepared {
 		return control.HookToolCallBindResult{}, control.Errorf(control.CodeNotFound, "no tool call %q is waiting for its command", p.ScopeID)
 	}
-	delete(h.prepared, p.ScopeID)
-	if _, err := h.b.eng.OpenLabeledSnapshot(p.ScopeID, h.b.eng.CurrentTurn(), label, shell, nil); err != nil {
+	if _, err := h.b.eng.OpenLabeledSnapshot(p.ScopeID, h.b.eng.CurrentTurn(), hs.label, shell, nil); err != nil {
 		return control.HookToolCallBindResult{}, snapshotError(p.ScopeID, err)
 	}
+	hs.prepared = false
 	// The pidfd says when the command's shell has gone, even after its pid
-	// is reused. Without one (an old kernel) the snapshot closes at the
-	// tool call's end.
-	if fd, err := unix.PidfdOpen(shell, 0); err == nil {
-		h.bound[p.ScopeID] = fd
+	// is reused; non-blocking, so the runtime's poller waits on it, not a
+	// thread. Without one (an old kernel) the snapshot closes at the tool
+	// call's end.
+	if fd, err := unix.PidfdOpen(shell, unix.PIDFD_NONBLOCK); err == nil {
+		hs.bound = os.NewFile(uintptr(fd), "pidfd "+strconv.Itoa(shell))
 	}
 	return control.HookToolCallBindResult{ScopeID: p.ScopeID, Pid: shell}, nil
 }
@@ -159,47 +197,71 @@ func (h *hookChannel) end(ctx context.Context, p control.HookToolCallEndParams) 
 }
 
 // endLocked ends the tool call scope, or the session's oldest open one.
+// Only tool calls this channel started are ended.
 func (h *hookChannel) endLocked(session, scope string) (control.HookToolCallEndResult, error) {
-	sess := h.session(session)
 	if scope == "" {
-		if len(sess.open) == 0 {
+		sess := h.sessions[session]
+		if sess == nil || len(sess.open) == 0 {
 			return control.HookToolCallEndResult{}, control.Errorf(control.CodeNotFound, "session %q has no tool call open", session)
 		}
 		scope = sess.open[0]
 	}
+	hs := h.scopes[scope]
+	if hs == nil || hs.ending {
+		return control.HookToolCallEndResult{}, control.Errorf(control.CodeNotFound, "no tool call %q was started through the hook channel", scope)
+	}
+	if hs.bound != nil && running(hs.bound) {
+		// A command left running in the background: its snapshot stays
+		// open, covering it alone, until its shell exits.
+		hs.ending = true
+		h.forget(hs.session, scope)
+		go h.closeAtExit(scope, hs.bound)
+		return control.HookToolCallEndResult{ScopeID: scope, Deferred: true}, nil
+	}
+	if err := h.closeLocked(scope); err != nil {
+		return control.HookToolCallEndResult{}, err
+	}
+	return control.HookToolCallEndResult{ScopeID: scope}, nil
+}
+
+// closeLocked closes a tool call's snapshot now (a prepared one never
+// opened) and forgets it.
+func (h *hookChannel) closeLocked(scope string) error {
+	hs := h.scopes[scope]
+	delete(h.scopes, scope)
+	h.forget(hs.session, scope)
+	if hs.bound != nil {
+		hs.bound.Close()
+	}
+	if hs.prepared {
+		return nil // its command never bound it (it did not run)
+	}
+	if _, err := h.b.eng.CloseSnapshot(scope); err != nil && !errors.Is(err, snapshot.ErrClosed) && !errors.Is(err, snapshot.ErrNotFound) {
+		return snapshotError(scope, err)
+	}
+	return nil
+}
+
+// forget takes scope off its session's list of open tool calls.
+func (h *hookChannel) forget(session, scope string) {
+	sess := h.sessions[session]
+	if sess == nil {
+		return
+	}
 	for i, s := range sess.open {
 		if s == scope {
 			sess.open = append(sess.open[:i:i], sess.open[i+1:]...)
-			break
+			return
 		}
 	}
-	if _, ok := h.prepared[scope]; ok {
-		// Its command never bound it (it did not run): nothing opened.
-		delete(h.prepared, scope)
-		return control.HookToolCallEndResult{ScopeID: scope}, nil
-	}
-	if fd, ok := h.bound[scope]; ok {
-		delete(h.bound, scope)
-		if running(fd) {
-			// A command left running in the background: its snapshot
-			// stays open, covering it alone, until it exits.
-			go h.closeAtExit(scope, fd)
-			return control.HookToolCallEndResult{ScopeID: scope, Deferred: true}, nil
-		}
-		unix.Close(fd)
-	}
-	if _, err := h.b.eng.CloseSnapshot(scope); err != nil && !errors.Is(err, snapshot.ErrClosed) {
-		return control.HookToolCallEndResult{}, snapshotError(scope, err)
-	}
-	return control.HookToolCallEndResult{ScopeID: scope}, nil
 }
 
 func (h *hookChannel) sessionEnd(ctx context.Context, p control.HookSessionEndParams) (control.HookSessionEndResult, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	res := control.HookSessionEndResult{Closed: []string{}}
-	sess := h.session(p.SessionID)
-	for len(sess.open) > 0 {
+	sess := h.sessions[p.SessionID]
+	for sess != nil && len(sess.open) > 0 {
 		r, err := h.endLocked(p.SessionID, sess.open[0])
 		if err != nil {
 			return res, err
@@ -211,22 +273,32 @@ func (h *hookChannel) sessionEnd(ctx context.Context, p control.HookSessionEndPa
 	return res, nil
 }
 
-// closeAtExit closes scope's snapshot once the process behind fd exits.
-func (h *hookChannel) closeAtExit(scope string, fd int) {
-	defer unix.Close(fd)
-	for {
-		_, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, -1)
-		if !errors.Is(err, unix.EINTR) {
-			break
-		}
+// closeAtExit closes scope's snapshot once the process behind pidfd exits.
+func (h *hookChannel) closeAtExit(scope string, pidfd *os.File) {
+	if rc, err := pidfd.SyscallConn(); err == nil {
+		// Read waits in the runtime's poller until the pidfd is readable,
+		// which it is once the process has exited.
+		rc.Read(func(fd uintptr) bool { return !runningFd(int(fd)) })
 	}
-	if _, err := h.b.eng.CloseSnapshot(scope); err != nil && !errors.Is(err, snapshot.ErrClosed) && !errors.Is(err, snapshot.ErrNotFound) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.closeLocked(scope); err != nil {
 		h.logf("hook channel: closing %s after its command exited: %v", scope, err)
 	}
 }
 
-// running reports whether the process behind pidfd fd has not exited.
-func running(fd int) bool {
+// running reports whether the process behind a pidfd has not exited.
+func running(pidfd *os.File) bool {
+	rc, err := pidfd.SyscallConn()
+	if err != nil {
+		return false
+	}
+	alive := false
+	rc.Control(func(fd uintptr) { alive = runningFd(int(fd)) })
+	return alive
+}
+
+func runningFd(fd int) bool {
 	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	n, err := unix.Poll(fds, 0)
 	return err == nil && n == 0

@@ -69,8 +69,14 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 	}
 	defer jr.Close()
 	// At a clean exit nothing is in flight: the next start reads only what
-	// comes after (deferred after Close, so it runs first).
+	// comes after (deferred after Close, so it runs first). Only once the
+	// start-up has finished what a crash interrupted: an early error must
+	// leave an unfinished commit where the next start looks for it.
+	recovered := false
 	defer func() {
+		if !recovered {
+			return
+		}
 		if err := jr.Checkpoint(); err != nil {
 			logger.Printf("%v", err)
 		}
@@ -129,9 +135,14 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		logger.Printf("finished an interrupted commit: %d committed, %d conflicts, %d failed", len(res.Committed), len(res.Conflicts), len(res.Failed))
 		rec.Commit = &commitRecovery{Committed: len(res.Committed), Conflicts: len(res.Conflicts), Failed: len(res.Failed)}
 	}
-	// Recovered, and nothing in flight yet: later starts begin here.
-	if err := jr.Checkpoint(); err != nil {
-		logger.Printf("%v", err)
+	// Recovered, and nothing in flight yet: later starts begin here,
+	// unless the commit could not be finished (Recover could not even
+	// journal its own begin): then the next start must see it again.
+	if left, err := unfinishedCommit(jr, info.CheckpointSeq); err == nil && len(left) == 0 {
+		recovered = true
+		if err := jr.Checkpoint(); err != nil {
+			logger.Printf("%v", err)
+		}
 	}
 	mfs, err := fusefs.Mount(cfg.mountpoint, eng, fusefs.Options{
 		Timeout:       cfg.timeout,

@@ -34,8 +34,9 @@ func Write(path string, data []byte, perm os.FileMode) error {
 // WriteFunc is Write with the content written by fill.
 func WriteFunc(path string, perm os.FileMode, o Options, fill func(io.Writer) error) (err error) {
 	dir := filepath.Dir(path)
-	// The prefix is the one the snapshot store clears at start-up:
-	// a crash leaves at most a temporary file, never read as data.
+	// A crash leaves at most this temporary file, which nothing reads as
+	// data; its prefix is the one the snapshot store clears from its
+	// directories at start-up (elsewhere it stays, small and harmless).
 	f, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
 	if err != nil {
 		return err
