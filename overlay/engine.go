@@ -99,6 +99,9 @@ type Options struct {
 	// come (see progress.go); it is called with engine locks held and
 	// must not block.
 	OnProgress func(Progress)
+	// ProgressEvery spaces the progress reports of one operation (0: a
+	// quarter of a second).
+	ProgressEvery time.Duration
 }
 
 // Engine is the merged view of a workspace and its pending set.

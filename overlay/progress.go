@@ -14,9 +14,16 @@ type Progress struct {
 	Final       bool // the operation has ended
 }
 
-// progressEvery spaces the reports of one operation: a person watching
-// needs a few a second, and each costs an event.
+// progressEvery spaces the reports of one operation by default: a person
+// watching needs a few a second, and each costs an event.
 const progressEvery = 250 * time.Millisecond
+
+func (e *Engine) progressEvery() time.Duration {
+	if e.opts.ProgressEvery > 0 {
+		return e.opts.ProgressEvery
+	}
+	return progressEvery
+}
 
 // progress counts one operation's steps and reports them to
 // Options.OnProgress, at most every progressEvery and once at the end.
@@ -43,7 +50,7 @@ func (pr *progress) step(bytes int64) {
 	pr.p.Done++
 	pr.p.Bytes += bytes
 	now := time.Now()
-	send := now.Sub(pr.last) >= progressEvery
+	send := now.Sub(pr.last) >= pr.e.progressEvery()
 	if send {
 		pr.last = now
 	}

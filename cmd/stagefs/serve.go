@@ -114,6 +114,9 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		CaptureFailure:  cfg.captureFailure,
 		JournalSync:     cfg.journalSync,
 		OnCaptureFailed: b.captureFailed,
+		// STAGEFS_PROGRESS_EVERY spaces progress reports (the tests
+		// shorten it).
+		ProgressEvery: envDuration("STAGEFS_PROGRESS_EVERY", 0),
 		OnProgress: func(p overlay.Progress) {
 			b.publish(control.Event{Kind: control.EventProgress, Detail: p.Op, Done: p.Done, Total: p.Total, Bytes: p.Bytes, Final: p.Final})
 		},
