@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -31,6 +32,10 @@ const (
 	maxHookScopes   = 512 // tool calls started and not yet closed (or waiting for their command to exit)
 	maxHookSessions = 256 // agent sessions with a counter
 )
+
+// bindGrace is how long a shell tool call whose end came before its
+// command started may still bind its snapshot.
+const bindGrace = time.Minute
 
 // hookScope is one tool call the hook channel started.
 type hookScope struct {
@@ -187,6 +192,16 @@ func (h *hookChannel) bind(ctx context.Context, p control.HookToolCallBindParams
 	if fd, err := unix.PidfdOpen(shell, unix.PIDFD_NONBLOCK); err == nil {
 		hs.bound = os.NewFile(uintptr(fd), "pidfd "+strconv.Itoa(shell))
 	}
+	if hs.ending {
+		// The tool call's end came first (a command the agent runs in the
+		// background is reported started at once): it follows its shell
+		// from here, or stops now if it cannot.
+		if hs.bound != nil {
+			go h.closeAtExit(p.ScopeID, hs.bound)
+		} else {
+			h.closeLocked(p.ScopeID)
+		}
+	}
 	return control.HookToolCallBindResult{ScopeID: p.ScopeID, Pid: shell}, nil
 }
 
@@ -209,6 +224,21 @@ func (h *hookChannel) endLocked(session, scope string) (control.HookToolCallEndR
 	hs := h.scopes[scope]
 	if hs == nil || hs.ending {
 		return control.HookToolCallEndResult{}, control.Errorf(control.CodeNotFound, "no tool call %q was started through the hook channel", scope)
+	}
+	if hs.prepared {
+		// Its command has not bound it yet: a command in the background
+		// may still be on its way. It gets a while to; a command that
+		// never ran is forgotten then.
+		hs.ending = true
+		h.forget(hs.session, scope)
+		time.AfterFunc(bindGrace, func() {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if o := h.scopes[scope]; o == hs && o.prepared {
+				h.closeLocked(scope)
+			}
+		})
+		return control.HookToolCallEndResult{ScopeID: scope, Deferred: true}, nil
 	}
 	if hs.bound != nil && running(hs.bound) {
 		// A command left running in the background: its snapshot stays
