@@ -90,7 +90,9 @@ func overlayDir(own, overlay, name string, hooks map[string]any) error {
 	}
 	settings := map[string]any{}
 	if b, err := os.ReadFile(filepath.Join(own, name)); err == nil {
-		if err := json.Unmarshal(b, &settings); err != nil {
+		// Gemini CLI reads its settings with comments allowed; the copy
+		// stagefs writes keeps the settings, not the comments.
+		if err := json.Unmarshal(stripJSONComments(b), &settings); err != nil {
 			return fmt.Errorf("%s: %w", filepath.Join(own, name), err)
 		}
 	} else if !errors.Is(err, os.ErrNotExist) {
@@ -116,4 +118,45 @@ func codexPreflight(bin string, env []string) error {
 		return fmt.Errorf("%s does not accept --dangerously-bypass-hook-trust (%v: %s), so it would skip stagefs's hooks without a word and no tool call would be undoable; update it: npm install -g @openai/codex", bin, err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// stripJSONComments blanks out // and /* */ comments outside strings, so
+// that a settings file written with them (JSON with comments) parses.
+func stripJSONComments(b []byte) []byte {
+	out := make([]byte, 0, len(b))
+	inString, escaped := false, false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		switch {
+		case inString:
+			out = append(out, c)
+			if escaped {
+				escaped = false
+			} else if c == '\\' {
+				escaped = true
+			} else if c == '"' {
+				inString = false
+			}
+		case c == '"':
+			inString = true
+			out = append(out, c)
+		case c == '/' && i+1 < len(b) && b[i+1] == '/':
+			for i < len(b) && b[i] != '\n' {
+				i++
+			}
+			if i < len(b) {
+				out = append(out, '\n')
+			}
+		case c == '/' && i+1 < len(b) && b[i+1] == '*':
+			i += 2
+			for i+1 < len(b) && !(b[i] == '*' && b[i+1] == '/') {
+				i++
+			}
+			i++ // the closing '/'
+			out = append(out, ' ')
+		default:
+			out = append(out, c)
+		}
+	}
+	return out
 }

@@ -128,7 +128,7 @@ func startToolCall(ctx context.Context, a *Agent, c *control.Client, ev map[stri
 // BindPrefix is the line put before a shell tool call's command: it binds
 // the tool call's snapshot to the shell, or stops the shell.
 func BindPrefix(self, scope string) string {
-	return fmt.Sprintf("%s hook bind %s || exit %d\n", shellQuote(self), shellQuote(scope), BindExit)
+	return fmt.Sprintf("%s hook bind %s || exit %d\n", ShellQuote(self), ShellQuote(scope), BindExit)
 }
 
 // failure is the answer when stagefs could not do its part: events that
@@ -198,7 +198,7 @@ func orUnknown(s string) string {
 	return s
 }
 
-// shellQuote quotes s for a POSIX shell.
-func shellQuote(s string) string {
+// ShellQuote quotes s for a POSIX shell.
+func ShellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

@@ -140,3 +140,19 @@ func FuzzHook(f *testing.F) {
 		fake.taken()
 	})
 }
+
+func TestStripJSONComments(t *testing.T) {
+	in := `{
+  // the theme
+  "theme": "dark", /* inline */ "url": "http://x//y", "q": "a\"//b",
+  "n": 1 /* multi
+  line */
+}`
+	var v map[string]any
+	if err := json.Unmarshal(stripJSONComments([]byte(in)), &v); err != nil {
+		t.Fatalf("%v\n%s", err, stripJSONComments([]byte(in)))
+	}
+	if v["theme"] != "dark" || v["url"] != "http://x//y" || v["q"] != `a"//b` || v["n"] != float64(1) {
+		t.Errorf("parsed %v", v)
+	}
+}

@@ -35,6 +35,10 @@ func ToolCallScope(s string) bool { return !internalScope(s) }
 
 // internalScope reports whether a scope belongs to turns rather than to a
 // host's tool call.
+// InternalScope reports whether s names one of the engine's own snapshots
+// (a turn's, what a turn left, a redo), not a tool call's.
+func InternalScope(s string) bool { return internalScope(s) }
+
 func internalScope(s string) bool {
 	return strings.HasPrefix(s, turnPrefix) || strings.HasPrefix(s, postPrefix) || strings.HasPrefix(s, redoPrefix)
 }

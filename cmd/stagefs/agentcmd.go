@@ -80,7 +80,7 @@ func runAgent(ctx context.Context, a *agents.Agent, args []string) error {
 		return err
 	}
 	defer os.RemoveAll(scratch)
-	wireArgs, wireEnv, err := a.Wire(shellQuote(self)+" hook "+a.Name, scratch)
+	wireArgs, wireEnv, err := a.Wire(agents.ShellQuote(self)+" hook "+a.Name, scratch)
 	if err != nil {
 		return err
 	}
@@ -247,7 +247,7 @@ func printAgentSummary(ctx context.Context, a *agents.Agent, c *control.Client, 
 			}
 		}
 	}
-	m := "-m " + shellQuote(init.Mount)
+	m := "-m " + agents.ShellQuote(init.Mount)
 	fmt.Fprintf(w, "\nstagefs: %s exited (status %d). This session: %d turn(s), %d tool call(s).\n", a.Name, code, turns, calls)
 	fmt.Fprintf(w, "  %d path(s) pending, %s, in %s (the workspace is unchanged until you commit)\n", st.PendingCount, humanBytes(st.TotalBytes), init.Workspace)
 	fmt.Fprintf(w, "  review:          stagefs status %s; stagefs diff %s\n", m, m)
@@ -260,16 +260,8 @@ func printAgentSummary(ctx context.Context, a *agents.Agent, c *control.Client, 
 	}
 	fmt.Fprintf(w, "  roll back a prompt: stagefs rollback %s %s   (stagefs checkpoints %s; stagefs redo %s)\n", m, lastTurn, m, m)
 	fmt.Fprintf(w, "  commit:          stagefs commit %s [PATH...]\n", m)
-	fmt.Fprintf(w, "  unmount:         stagefs unmount %s\n", shellQuote(init.Mount))
+	fmt.Fprintf(w, "  unmount:         stagefs unmount %s\n", agents.ShellQuote(init.Mount))
 	if a.Note != "" {
 		fmt.Fprintf(w, "  note: %s\n", a.Note)
 	}
-}
-
-// shellQuote quotes s for a POSIX shell when it needs it.
-func shellQuote(s string) string {
-	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-:@+=") == "" {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

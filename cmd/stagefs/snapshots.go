@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"stagefs/control"
+	"stagefs/overlay"
 	"stagefs/snapshot"
 )
 
@@ -107,14 +108,7 @@ func (b *backend) captureFailed(scope, path string, err error) {
 }
 
 // reservedScope reports whether scope names a turn's own snapshot.
-func reservedScope(scope string) bool {
-	for _, p := range []string{"turn:", "post:", "redo:"} {
-		if strings.HasPrefix(scope, p) {
-			return true
-		}
-	}
-	return false
-}
+func reservedScope(scope string) bool { return overlay.InternalScope(scope) }
 
 func checkScope(scope string) error {
 	if err := snapshot.ValidScope(scope); err != nil {
