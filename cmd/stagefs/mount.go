@@ -22,6 +22,13 @@ import (
 	"stagefs/control"
 )
 
+// defaultJournalSync is the disk's own contract: a staging record is
+// written before its operation is answered (a killed daemon loses
+// nothing) and durable at the next fsync in the mount, or within this
+// time, as ext4 makes a file's changes durable at fsync or its journal
+// commit. --journal-sync 0 makes every record durable before its answer.
+const defaultJournalSync = 100 * time.Millisecond
+
 // daemonCommand is the hidden subcommand the background daemon runs as.
 const daemonCommand = "__daemon"
 
@@ -57,7 +64,7 @@ func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
 	fs.StringArrayVar(&cfg.deny, "deny", nil, "glob of paths that are read-only through the mount (repeatable)")
 	fs.StringArrayVar(&cfg.hide, "hide", nil, "glob of paths that are invisible through the mount (repeatable)")
 	fs.BoolVar(&cfg.noPassthrough, "no-passthrough", false, "keep all file I/O in the daemon (by default, as root on Linux 6.9+, the kernel reads and writes pending bodies directly)")
-	fs.DurationVar(&cfg.journalSync, "journal-sync", 0, "how long a staging operation's journal record may wait to be durable; 0: durable before the operation is answered")
+	fs.DurationVar(&cfg.journalSync, "journal-sync", defaultJournalSync, "how long a staging operation's journal record may wait to be durable: it is written before the operation is answered, and made durable by the next fsync in the mount or within this time; 0: durable before each operation is answered (docs/guarantees.md)")
 	fs.Int64Var(&cfg.snapshotCap, "snapshot-cap", 1<<30, "bytes of snapshot pre-images kept; the oldest closed snapshots are evicted past it")
 	return fs
 }
