@@ -118,6 +118,32 @@ type InitializeResult struct {
 	HookSocket   string          `json:"hookSocket,omitempty"`
 	Capabilities map[string]bool `json:"capabilities"`
 	Policy       Policy          `json:"policy"`
+	// Sandbox is what the commands that stagefs run, the agent commands
+	// and stagefs acp start may write outside the workspace.
+	Sandbox Sandbox `json:"sandbox"`
+}
+
+// Sandbox is a mount's choice for the sandboxes of its runs: `stagefs
+// mount --outside` and `--allow`.
+type Sandbox struct {
+	// Outside is "ro" (the default: outside the workspace everything is
+	// read-only, but for a scratch layer over $HOME, a private /tmp and
+	// /var/tmp, /dev and Allow) or "rw" (writable as for the caller).
+	Outside string `json:"outside"`
+	// Allow lists the paths a command may write for real.
+	Allow []string `json:"allow"`
+	// Scratch says what the mount's scratch layer holds. Only
+	// fs/staged_status of every path reports it: it walks the layer.
+	Scratch *ScratchUsage `json:"scratch,omitempty"`
+}
+
+// ScratchUsage is the size of a mount's scratch layer (`stagefs scratch`
+// lists it).
+type ScratchUsage struct {
+	Dir     string `json:"dir"`     // in the state dir
+	Bytes   int64  `json:"bytes"`   // of the files it holds
+	Entries int    `json:"entries"` // the paths it adds, changes or deletes
+	InUse   bool   `json:"inUse"`   // a run has it mounted now
 }
 
 // Policy is what the mount refuses to every process in it: --deny globs
@@ -165,6 +191,9 @@ type StatusResult struct {
 	OldestPendingAgeMs int64         `json:"oldestPendingAgeMs"`
 	Mode               string        `json:"mode"`
 	Policy             Policy        `json:"policy"`
+	// Sandbox is the mount's sandbox settings and, for a status of every
+	// path, its scratch layer; absent for a status of some paths.
+	Sandbox *Sandbox `json:"sandbox,omitempty"`
 }
 
 // StatusEntry is one pending change.

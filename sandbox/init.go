@@ -23,8 +23,10 @@ const (
 )
 
 // InitMain is the namespace's PID 1. It makes the workspace path show the
-// stagefs mount, hides the state dir, mounts a /proc of the namespace's
-// own, drops the capabilities, starts the command and waits for it,
+// stagefs mount, makes the rest of the file system read-only but for the
+// scratch layer and the allowed paths (unless the mount says --outside
+// rw), hides the state dir, mounts a /proc of the namespace's own, drops
+// the capabilities, starts the command and waits for it,
 // reaping every orphan meanwhile. It returns the exit status for the
 // process; when it exits, the kernel ends every process left in the
 // namespace.
@@ -65,16 +67,21 @@ func InitMain(args []string) int {
 		}
 	}()
 
-	var ws, mnt, state, workdir, outerNS string
+	var ws, mnt, state, workdir, outerNS, outside string
+	var allow, expose []string
 	fs := pflag.NewFlagSet(InitCommand, pflag.ContinueOnError)
 	fs.StringVar(&ws, "workspace", "", "")
 	fs.StringVar(&mnt, "mount", "", "")
 	fs.StringVar(&state, "state", "", "")
 	fs.StringVar(&workdir, "workdir", "", "")
 	fs.StringVar(&outerNS, "outer-ns", "", "")
+	fs.StringVar(&outside, "outside", OutsideReadOnly, "")
+	fs.StringArrayVar(&allow, "allow", nil, "")
+	fs.StringArrayVar(&expose, "expose", nil, "")
 	fs.SetInterspersed(false)
 	fs.SetOutput(io.Discard)
-	if err := fs.Parse(args); err != nil || ws == "" || mnt == "" || state == "" || workdir == "" || outerNS == "" || fs.NArg() == 0 {
+	if err := fs.Parse(args); err != nil || ws == "" || mnt == "" || state == "" || workdir == "" || outerNS == "" || fs.NArg() == 0 ||
+		(outside != OutsideReadOnly && outside != OutsideWritable) {
 		fmt.Fprintf(os.Stderr, "stagefs: %s is internal: use stagefs run\n", InitCommand)
 		return 2
 	}
@@ -85,7 +92,12 @@ func InitMain(args []string) int {
 		return 1
 	}
 
-	if err := setupMounts(ws, mnt, state); err != nil {
+	var conf *confinement
+	if outside == OutsideReadOnly {
+		conf = &confinement{ws: ws, mnt: mnt, state: state, allow: allow, expose: expose,
+			home: os.Getenv("HOME"), tmpdir: os.Getenv("TMPDIR"), warn: warnf(os.Stderr)}
+	}
+	if err := setupMounts(ws, mnt, state, conf); err != nil {
 		return fail(exitNamespaceRefused, "%s%v", refusedPrefix, err)
 	}
 	if err := os.Chdir(workdir); err != nil {
@@ -177,17 +189,28 @@ func reap(pid int) int {
 }
 
 // setupMounts makes this new mount namespace show the stagefs mount at the
-// workspace path, hides the state dir, and gives the namespace its own
-// /proc with the kernel's knobs read-only.
-func setupMounts(ws, mnt, state string) error {
+// workspace path, confines the rest (conf; nil for --outside rw: writable
+// as outside), hides the state dir, and gives the namespace its own /proc
+// with the kernel's knobs read-only.
+func setupMounts(ws, mnt, state string, conf *confinement) error {
 	// Nothing mounted here may propagate back to the caller's namespace.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %v%s", err, userNSHint(err))
 	}
-	if err := unix.Mount(mnt, ws, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+	// The places whose contents a mount replaced: a state dir under one
+	// that is not found is hidden by it.
+	covered := []string{ws}
+	if conf != nil {
+		private, err := confine(*conf)
+		if err != nil {
+			return err
+		}
+		covered = append(covered, private...)
+	} else if err := unix.Mount(mnt, ws, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("bind-mount %s over %s: %v%s", mnt, ws, err, userNSHint(err))
 	}
-	if err := hideStateDir(state, ws); err != nil {
+	// Last, so it covers whatever the layout put at the state dir's path.
+	if err := hideStateDir(state, covered); err != nil {
 		return err
 	}
 	const noExec = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
@@ -210,12 +233,18 @@ func setupMounts(ws, mnt, state string) error {
 
 // hideStateDir covers a state dir outside the workspace with an empty
 // read-only tmpfs, so neither it nor the control socket can be reached by
-// path. One under the workspace is already hidden by the mount (ENOENT).
-func hideStateDir(state, ws string) error {
+// path. One under the workspace is already hidden by the mount (ENOENT),
+// as is one under another place in covered (the confinement's private
+// /tmp, say) whose contents a mount replaced.
+func hideStateDir(state string, covered []string) error {
+	under := false
+	for _, dir := range covered {
+		under = under || within(state, dir)
+	}
 	st, err := os.Stat(state)
 	switch {
-	case errors.Is(err, os.ErrNotExist) && (state == ws || strings.HasPrefix(state, ws+"/")):
-		return nil // under the workspace: the mount hides it
+	case errors.Is(err, os.ErrNotExist) && under:
+		return nil // under a mount that replaced what was there: it hides it
 	case errors.Is(err, os.ErrNotExist):
 		// Fail closed: a state dir not found is not known to be hidden.
 		return fmt.Errorf("state dir %s: not found, so it cannot be hidden", state)
@@ -256,5 +285,22 @@ func userNSHint(err error) string {
 	if !errors.Is(err, syscall.EPERM) || os.Getuid() == 0 {
 		return ""
 	}
-	return " (this kernel lets unprivileged users create user namespaces but not mount in them, e.g. kernel.apparmor_restrict_unprivileged_userns=1; run as root or allow it)"
+	if appArmorRestrictsUserNS() {
+		return " (" + appArmorAdvice + ")"
+	}
+	return " (this kernel lets unprivileged users create user namespaces but not mount in them, e.g. kernel.apparmor_restrict_unprivileged_userns=1 or an SELinux policy; run as root or allow it)"
+}
+
+// appArmorAdvice is what to do where AppArmor keeps unprivileged user
+// namespaces from mounting (Ubuntu 23.10 and later).
+const appArmorAdvice = "AppArmor restricts unprivileged user namespaces on this machine (sysctl kernel.apparmor_restrict_unprivileged_userns=1): " +
+	"allow them with `sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` (a file in /etc/sysctl.d keeps it), " +
+	"or load an AppArmor profile for the stagefs binary that has the `userns,` rule; or run as root. " +
+	"stagefs runs nothing without its sandbox"
+
+// appArmorRestrictsUserNS reports whether AppArmor's restriction of
+// unprivileged user namespaces is on.
+func appArmorRestrictsUserNS() bool {
+	b, err := os.ReadFile("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
+	return err == nil && strings.TrimSpace(string(b)) == "1"
 }

@@ -42,6 +42,11 @@ type Spec struct {
 	Workdir   string   // the working directory, a path under Workspace
 	Argv      []string // the command
 	Env       []string // added to the caller's environment
+	// Expose lists the caller's own paths that the command must reach,
+	// read-write, at their paths, even where the sandbox puts a private
+	// place around them (the agent commands' settings layer, made in the
+	// host's /tmp).
+	Expose []string
 	// The command's standard streams; nil: the caller's own.
 	Stdin, Stdout, Stderr *os.File
 	// Forward decides whether a signal the caller received goes on to the
@@ -63,13 +68,27 @@ type Result struct {
 // command that could not start (not found, a mount that failed inside) is
 // a Result with Started false, its message on stderr, and status 127, 126
 // or 1.
+//
+// What the command may write outside the workspace is the mount's choice,
+// recorded by its daemon in the state dir (Settings).
 func Run(spec Spec) (Result, error) {
 	outerNS, err := os.Readlink("/proc/self/ns/mnt")
 	if err != nil {
 		return Result{}, fmt.Errorf("read this process's mount namespace: %w", err)
 	}
+	set, err := LoadSettings(spec.State)
+	if err != nil {
+		return Result{}, err
+	}
 	args := []string{InitCommand, "--workspace", spec.Workspace, "--mount", spec.Mount, "--state", spec.State,
-		"--workdir", spec.Workdir, "--outer-ns", outerNS, "--"}
+		"--workdir", spec.Workdir, "--outer-ns", outerNS, "--outside", set.Outside}
+	for _, p := range set.Allow {
+		args = append(args, "--allow", p)
+	}
+	for _, p := range spec.Expose {
+		args = append(args, "--expose", p)
+	}
+	args = append(args, "--")
 	args = append(args, spec.Argv...)
 
 	var refusals []string // why each way of making the namespace failed
@@ -82,8 +101,12 @@ func Run(spec Spec) (Result, error) {
 		}
 		return res, err
 	}
-	return Result{}, fmt.Errorf("cannot create a private mount namespace (%s): stagefs run needs root, or user namespaces that this user may create (sysctl kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0; in a container, a seccomp profile that allows them)",
-		strings.Join(refusals, "; "))
+	hint := ""
+	if os.Geteuid() != 0 && appArmorRestrictsUserNS() {
+		hint = "; " + appArmorAdvice
+	}
+	return Result{}, fmt.Errorf("cannot create a private mount namespace (%s): stagefs run needs root, or user namespaces that this user may create (sysctl kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0; in a container, a seccomp profile that allows them)%s",
+		strings.Join(refusals, "; "), hint)
 }
 
 // streams are the command's standard streams.
@@ -210,7 +233,11 @@ type way struct {
 // A user that is not root would lose the namespace's capabilities at the
 // exec of init, which must mount and shrink the bounding set:
 // CAP_SYS_ADMIN and CAP_SETPCAP are kept across that exec as ambient
-// capabilities, and init drops them before it starts the command.
+// capabilities, and init drops them before it starts the command. So are
+// CAP_DAC_OVERRIDE and CAP_FOWNER, which overlayfs needs of whoever mounts
+// the scratch layer over $HOME: it works in its work dir (mode 000) and
+// in the upper layer with the mounter's rights. In the namespace they
+// reach only the user's own files, and the command never has them.
 func ways() []way {
 	uid, gid := os.Geteuid(), os.Getegid()
 	userNS := &syscall.SysProcAttr{
@@ -218,7 +245,7 @@ func ways() []way {
 		UidMappings:                []syscall.SysProcIDMap{{ContainerID: uid, HostID: uid, Size: 1}},
 		GidMappings:                []syscall.SysProcIDMap{{ContainerID: gid, HostID: gid, Size: 1}},
 		GidMappingsEnableSetgroups: false,
-		AmbientCaps:                []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_SETPCAP},
+		AmbientCaps:                []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_SETPCAP, unix.CAP_DAC_OVERRIDE, unix.CAP_FOWNER},
 	}
 	if uid != 0 {
 		return []way{{"a user namespace", userNS}}

@@ -598,9 +598,11 @@ func TestACPFsServedByProxy(t *testing.T) {
 	parallel(t)
 	outside := shortTempDir(t)
 	writeTree(t, outside, map[string]string{"secret.txt": "secret\n"})
+	// --outside rw: the stand-in agent (runFakeFS) lives and logs in a
+	// directory outside the workspace.
 	m := mountStagefs(t,
 		withFiles(map[string]string{"keep.txt": "keep\n", "lines.txt": "l1\nl2\nl3\n", "sub/x": "x"}),
-		withSymlink("out", outside))
+		withSymlink("out", outside), withMountFlags("--outside", "rw"))
 	ws := m.ws
 	before := snapshot(t, m.ws)
 	outsideBefore := snapshot(t, outside)
@@ -675,9 +677,11 @@ func TestACPFsServedByProxy(t *testing.T) {
 // it); fs/read_text_file must too, staged changes included.
 func TestACPFsReadSymlinkInWorkspace(t *testing.T) {
 	parallel(t)
+	// --outside rw: the stand-in agent (runFakeFS) lives and logs in a
+	// directory outside the workspace.
 	m := mountStagefs(t,
 		withFiles(map[string]string{"AGENTS.md": "rules\n", "docs/guide.md": "guide\n"}),
-		withSymlink("CLAUDE.md", "AGENTS.md"), withSymlink("guide", "docs"))
+		withSymlink("CLAUDE.md", "AGENTS.md"), withSymlink("guide", "docs"), withMountFlags("--outside", "rw"))
 	before := snapshot(t, m.ws)
 	sh(t, m.mnt, "echo staged >> docs/guide.md")
 	assertFile(t, m.in("CLAUDE.md"), "rules\n")

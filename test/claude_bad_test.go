@@ -45,7 +45,7 @@ func rawrpc(t *testing.T) string {
 // or sends those requests to the hook channel itself, changes nothing.
 func TestClaudeToolCallCannotTakeTheControls(t *testing.T) {
 	parallel(t)
-	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "f\n"}))
+	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "f\n"}), withTestBinaries())
 	rpc := rawrpc(t)
 	attempts := strings.Join([]string{
 		`S=` + stagefsBin + ` M=` + m.mnt,

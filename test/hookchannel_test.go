@@ -24,7 +24,7 @@ func hookCalls(t *testing.T, m *stagefsMount, calls ...string) string {
 // own.
 func TestHookChannelActsOnlyOnItsOwn(t *testing.T) {
 	parallel(t)
-	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "0\n"}))
+	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "0\n"}), withTestBinaries())
 	m.mustCLI("turn", "t1")
 	m.mustCLI("snapshot", "host-call") // a host's own, unbound
 	out := hookCalls(t, m,
@@ -50,7 +50,7 @@ func TestHookChannelActsOnlyOnItsOwn(t *testing.T) {
 // and the daemon stays up.
 func TestHookChannelBounded(t *testing.T) {
 	parallel(t)
-	m := mountStagefs(t)
+	m := mountStagefs(t, withTestBinaries())
 	var calls []string
 	for i := 0; i < 530; i++ {
 		calls = append(calls, "hook/tool_call_start", fmt.Sprintf(`{"sessionId":"flood","scopeId":"f%d","bind":true}`, i))
@@ -68,7 +68,7 @@ func TestHookChannelBounded(t *testing.T) {
 // that hold work.
 func TestEmptyTurnsDoNotPushOutRealOnes(t *testing.T) {
 	parallel(t)
-	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "0\n"}), withMountFlags("--max-turns", "5"))
+	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "0\n"}), withMountFlags("--max-turns", "5"), withTestBinaries())
 	m.mustCLI("turn", "real")
 	sh(t, m.mnt, "echo 1 > f.txt")
 	var calls []string

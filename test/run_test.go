@@ -135,7 +135,9 @@ true`
 
 func TestRunExitStatusAndSignals(t *testing.T) {
 	parallel(t)
-	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "f\n"}))
+	// The commands signal that they started by a file outside the
+	// workspace, which the sandbox lets them write only with --outside rw.
+	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "f\n"}), withMountFlags("--outside", "rw"))
 
 	if r := m.run("", "--", "sh", "-c", "exit 5"); r.code != 5 {
 		t.Errorf("exit 5: got %s", r)
@@ -224,7 +226,9 @@ func TestRunExitStatusAndSignals(t *testing.T) {
 
 func TestRunScopes(t *testing.T) {
 	parallel(t)
-	m := mountStagefs(t, withFiles(map[string]string{"shared.txt": "base\n", "keep.txt": "keep\n"}))
+	// The two calls meet in a directory outside the workspace, which the
+	// sandbox lets them write only with --outside rw.
+	m := mountStagefs(t, withFiles(map[string]string{"shared.txt": "base\n", "keep.txt": "keep\n"}), withMountFlags("--outside", "rw"))
 	before := snapshot(t, m.ws)
 	syncDir := filepath.Join(m.base, "sync") // outside the workspace: reachable inside
 	os.Mkdir(syncDir, 0o755)

@@ -105,6 +105,7 @@ func runAgent(ctx context.Context, a *agents.Agent, args []string) error {
 		Workdir:   dir,
 		Argv:      append(append([]string{path}, wireArgs...), agentArgs...),
 		Env:       env,
+		Expose:    []string{scratch}, // in the host's /tmp, which the sandbox replaces
 		Forward:   forwardSignal,
 	})
 	if err != nil {
@@ -204,7 +205,7 @@ func joinOrMount(ctx context.Context, name string, cfg *mountConfig, changed fun
 // runs already.
 func warnIgnoredMountFlags(name string, changed func(string) bool) {
 	var set []string
-	for _, f := range []string{"state", "mode", "deny", "hide", "no-capture", "snapshot-cap", "max-turns", "max-turn-age", "capture-failure", "journal-sync", "cache-timeout", "no-passthrough", "debug", "foreground"} {
+	for _, f := range []string{"state", "mode", "deny", "hide", "no-capture", "snapshot-cap", "max-turns", "max-turn-age", "capture-failure", "journal-sync", "cache-timeout", "no-passthrough", "debug", "foreground", "outside", "allow"} {
 		if changed(f) {
 			set = append(set, "--"+f)
 		}

@@ -18,6 +18,7 @@ import (
 	"stagefs/internal/unidiff"
 	"stagefs/journal"
 	"stagefs/overlay"
+	"stagefs/sandbox"
 	"stagefs/snapshot"
 )
 
@@ -121,6 +122,7 @@ func (b *backend) Initialize(ctx context.Context) (control.InitializeResult, err
 		Mount:      b.cfg.mountpoint,
 		HookSocket: control.HookSocketName(b.cfg.state),
 		Policy:     b.policy(),
+		Sandbox:    b.sandboxSettings(),
 		Capabilities: map[string]bool{
 			"staged": true, "immediate": true, "commitPaths": true, "discardPaths": true,
 			"diff": true, "readText": true, "safeTextPatch": true, "log": true, "events": true,
@@ -131,6 +133,26 @@ func (b *backend) Initialize(ctx context.Context) (control.InitializeResult, err
 
 func (b *backend) policy() control.Policy {
 	return control.Policy{Deny: nonNil(b.cfg.deny), Hide: nonNil(b.cfg.hide)}
+}
+
+// sandboxSettings is what the mount lets its runs write outside the
+// workspace (recorded for them in the state dir: sandbox.SaveSettings).
+func (b *backend) sandboxSettings() control.Sandbox {
+	return control.Sandbox{Outside: b.cfg.outside, Allow: nonNil(b.cfg.allow)}
+}
+
+// sandboxStatus is sandboxSettings with the size of the scratch layer,
+// which costs a walk of the layer (a status of every path only).
+func (b *backend) sandboxStatus() *control.Sandbox {
+	s := b.sandboxSettings()
+	if sc, err := sandbox.ListScratch(b.cfg.state); err == nil {
+		n := 0
+		for _, a := range sc.Areas {
+			n += len(a.Entries)
+		}
+		s.Scratch = &control.ScratchUsage{Dir: sc.Dir, Bytes: sc.Bytes, Entries: n, InUse: sc.InUse}
+	}
+	return &s
 }
 
 func (b *backend) SetMode(ctx context.Context, mode string) (control.SetModeResult, error) {
@@ -181,6 +203,9 @@ func (b *backend) Status(ctx context.Context, paths []string) (control.StatusRes
 		}
 	}
 	res.PendingCount = len(res.Entries)
+	if len(paths) == 0 {
+		res.Sandbox = b.sandboxStatus()
+	}
 	return res, nil
 }
 

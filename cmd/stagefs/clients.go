@@ -141,6 +141,9 @@ func runStatus(ctx context.Context, args []string) error {
 	if len(res.Policy.Deny)+len(res.Policy.Hide) > 0 {
 		fmt.Printf("policy: deny %v, hide %v\n", res.Policy.Deny, res.Policy.Hide)
 	}
+	if sb := res.Sandbox; sb != nil && sb.Scratch != nil && sb.Scratch.Entries > 0 {
+		fmt.Printf("scratch layer: %d path(s), %s under $HOME, /tmp and /var/tmp, kept out of the real ones (stagefs scratch)\n", sb.Scratch.Entries, humanBytes(sb.Scratch.Bytes))
+	}
 	if res.PendingCount == 0 {
 		fmt.Printf("nothing pending (mode %s)\n", res.Mode)
 		return nil

@@ -39,6 +39,7 @@ var examples = map[string]string{
 	"gemini":      "cd ~/project && stagefs gemini -- -p 'fix the failing test' --yolo",
 	"acp":         "stagefs acp -- claude-agent-acp   (as an editor's agent command)",
 	"hook":        "echo '{\"hook_event_name\":\"Stop\"}' | stagefs hook claude",
+	"scratch":     "stagefs scratch -m /tmp/project-staged; stagefs scratch --drop",
 }
 
 // helpShown is set when a command printed its help because it was asked

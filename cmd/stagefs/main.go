@@ -79,6 +79,7 @@ func init() {
 		{"gemini", "gemini [-m MOUNT | mount flags] [--workspace DIR] [--gemini PATH] [-- GEMINI_ARGS...]: Gemini CLI in the staged view (docs/agents.md)", runGemini},
 		{"acp", "acp [-m MOUNT | mount flags] [--workspace DIR] -- AGENT_CMD [ARGS...]: an ACP agent that runs AGENT_CMD in the staged view (docs/acp.md)", runACP},
 		{"hook", "hook AGENT | hook bind SCOPE: what an agent's hooks run (wired by stagefs claude)", runHook},
+		{"scratch", "scratch [--drop]: list (or delete) what runs wrote under $HOME, /tmp and /var/tmp: the mount's scratch layer", runScratch},
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"stagefs/control"
+	"stagefs/sandbox"
 )
 
 // defaultJournalSync is the disk's own contract: a staging record is
@@ -47,7 +49,12 @@ type mountConfig struct {
 	deny, hide                   []string
 	captureFailure               string
 	journalSync                  time.Duration
-	recovered                    recovery // what the daemon found at start-up
+	// What the sandboxes of stagefs run and the agent commands may write
+	// outside the workspace (package sandbox): outside is "ro" or "rw";
+	// allow holds real paths writable for real.
+	outside   string
+	allow     []string
+	recovered recovery // what the daemon found at start-up
 }
 
 func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
@@ -66,6 +73,8 @@ func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
 	fs.BoolVar(&cfg.noPassthrough, "no-passthrough", false, "keep all file I/O in the daemon (by default, as root on Linux 6.9+, the kernel reads and writes pending bodies directly)")
 	fs.DurationVar(&cfg.journalSync, "journal-sync", defaultJournalSync, "how long a staging operation's journal record may wait to be durable: it is written before the operation is answered, and made durable by the next fsync in the mount or within this time; 0: durable before each operation is answered (docs/guarantees.md)")
 	fs.Int64Var(&cfg.snapshotCap, "snapshot-cap", 1<<30, "bytes of snapshot pre-images kept; the oldest closed snapshots are evicted past it")
+	fs.StringVar(&cfg.outside, "outside", sandbox.OutsideReadOnly, "what stagefs run and the agent commands may write outside the workspace: ro (nothing: $HOME gets a scratch layer, /tmp is private; docs/sandbox-writes.md) or rw (all the caller may)")
+	fs.StringArrayVar(&cfg.allow, "allow", nil, "a path outside the workspace that stagefs run and the agent commands may write for real (repeatable)")
 	return fs
 }
 
@@ -100,7 +109,8 @@ func runMount(ctx context.Context, args []string) error {
 	}
 	if asJSON {
 		return printJSON(map[string]any{"mount": cfg.mountpoint, "workspace": cfg.workspace, "state": cfg.state,
-			"socket": socketPath(cfg.state), "mode": cfg.mode, "recovered": cfg.recovered})
+			"socket": socketPath(cfg.state), "mode": cfg.mode, "recovered": cfg.recovered,
+			"sandbox": control.Sandbox{Outside: cfg.outside, Allow: nonNil(cfg.allow)}})
 	}
 	printMounted(os.Stdout, &cfg)
 	return nil
@@ -202,6 +212,44 @@ func (cfg *mountConfig) resolve(workspace, mountpoint string) error {
 	if len(socketPath(cfg.state)) > 107 {
 		return fmt.Errorf("the control socket path %s is longer than a Unix socket allows (107 bytes); choose a shorter --state", socketPath(cfg.state))
 	}
+	return cfg.resolveSandbox()
+}
+
+// resolveSandbox checks --outside and makes each --allow path real and
+// absolute, once, here: the daemon records them, and every run of the
+// mount binds them as they were named now.
+func (cfg *mountConfig) resolveSandbox() error {
+	if cfg.outside != sandbox.OutsideReadOnly && cfg.outside != sandbox.OutsideWritable {
+		return usagef("--outside must be ro or rw, not %q", cfg.outside)
+	}
+	if cfg.outside == sandbox.OutsideWritable && len(cfg.allow) > 0 {
+		return usagef("--allow has no use with --outside rw, which lets commands write everywhere the caller may")
+	}
+	var allow []string
+	for _, p := range cfg.allow {
+		abs, err := filepath.Abs(p)
+		if err != nil {
+			return err
+		}
+		real, err := filepath.EvalSymlinks(abs)
+		if err != nil {
+			return fmt.Errorf("--allow %s: %w", p, err)
+		}
+		switch {
+		case real == "/":
+			return usagef("--allow /: to let commands write everywhere, mount with --outside rw")
+		case within(real, cfg.workspace):
+			return usagef("--allow %s: it is in the workspace, where every write is staged", p)
+		case within(real, cfg.mountpoint):
+			return usagef("--allow %s: it is in the mount, which commands write through the workspace's path", p)
+		case within(real, cfg.state):
+			return usagef("--allow %s: it is in the state dir, which the sandbox hides", p)
+		}
+		if !slices.Contains(allow, real) {
+			allow = append(allow, real)
+		}
+	}
+	cfg.allow = allow
 	return nil
 }
 
@@ -280,6 +328,10 @@ func startBackground(cfg *mountConfig) error {
 	for _, g := range cfg.hide {
 		dargs = append(dargs, "--hide", g)
 	}
+	dargs = append(dargs, "--outside", cfg.outside)
+	for _, p := range cfg.allow {
+		dargs = append(dargs, "--allow", p)
+	}
 	if cfg.debug {
 		dargs = append(dargs, "--debug")
 	}
@@ -319,6 +371,14 @@ func startBackground(cfg *mountConfig) error {
 func printMounted(w io.Writer, cfg *mountConfig) {
 	fmt.Fprintf(w, "mounted %s\n  workspace: %s\n  state dir: %s\n  socket:    %s\n  mode:      %s\n",
 		cfg.mountpoint, cfg.workspace, cfg.state, socketPath(cfg.state), cfg.mode)
+	if cfg.outside == sandbox.OutsideWritable {
+		fmt.Fprintf(w, "  outside:   writable by stagefs run and the agents (--outside rw)\n")
+	} else {
+		fmt.Fprintf(w, "  outside:   read-only to stagefs run and the agents; $HOME has a scratch layer (stagefs scratch)\n")
+	}
+	for _, p := range cfg.allow {
+		fmt.Fprintf(w, "  allowed:   %s\n", p)
+	}
 	printRecovered(w, cfg.recovered)
 }
 

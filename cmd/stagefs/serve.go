@@ -20,6 +20,7 @@ import (
 	"stagefs/fusefs"
 	"stagefs/journal"
 	"stagefs/overlay"
+	"stagefs/sandbox"
 	"stagefs/snapshot"
 )
 
@@ -60,6 +61,11 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		return err
 	}
 	defer lock.Close()
+	// Before the mount is ready: no run of this mount may start with the
+	// settings of an earlier daemon.
+	if err := sandbox.SaveSettings(cfg.state, sandbox.Settings{Outside: cfg.outside, Allow: cfg.allow}); err != nil {
+		return err
+	}
 	if err := clearStaleMount(cfg.mountpoint); err != nil {
 		return err
 	}

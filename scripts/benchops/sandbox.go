@@ -18,23 +18,21 @@ import (
 // measureSandbox times starting a command in `stagefs run`'s sandbox
 // against starting it directly, on an empty workspace: what the
 // namespaces, the mounts and the dropped capabilities add to every tool
-// call. Each figure is the median of reps starts of `true`.
+// call. Each figure is the median of reps starts of `true`. A second
+// mount with --outside rw gives the same without the confinement outside
+// the workspace (issue #22), whose cost is the difference; and one cold
+// `go build` in each shows what the scratch layer over $HOME costs a
+// build that fills its cache there.
 func measureSandbox(bin, root string) {
 	base, err := os.MkdirTemp(root, "benchsandbox-")
 	if err != nil {
 		fail(err)
 	}
 	defer os.RemoveAll(base)
-	ws, mnt, st := filepath.Join(base, "ws"), filepath.Join(base, "mnt"), filepath.Join(base, "st")
-	for _, d := range []string{ws, mnt} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			fail(err)
-		}
-	}
-	if out, err := exec.Command(bin, "mount", ws, mnt, "--state", st).CombinedOutput(); err != nil {
-		fail(fmt.Errorf("mount: %v: %s", err, out))
-	}
+	ws, mnt := sandboxMount(bin, base, "")
 	defer exec.Command(bin, "unmount", "--lazy", mnt).Run()
+	wsRW, mntRW := sandboxMount(bin, base, "rw", "--outside", "rw")
+	defer exec.Command(bin, "unmount", "--lazy", mntRW).Run()
 	start := func(name string, args ...string) func() error {
 		return func() error {
 			cmd := exec.Command(name, args...)
@@ -47,6 +45,7 @@ func measureSandbox(bin, root string) {
 	}
 	direct := timed(start("true"))
 	run := timed(start(bin, "run", "-m", mnt, "--", "true"))
+	runRW := timed(start(bin, "run", "-m", mntRW, "--", "true"))
 	scoped := 0
 	scope := func() error {
 		scoped++
@@ -55,9 +54,75 @@ func measureSandbox(bin, root string) {
 	withScope := timed(scope)
 	fmt.Printf("%-34s %9s\n", "true, started directly", ms(direct))
 	fmt.Printf("%-34s %9s\n", "stagefs run -- true", ms(run))
+	fmt.Printf("%-34s %9s\n", "  the same, --outside rw", ms(runRW))
+	fmt.Printf("%-34s %9s\n", "  confinement adds", ms(max(run-runRW, 0)))
 	fmt.Printf("%-34s %9s\n", "stagefs run --scope ID -- true", ms(withScope))
+	measureColdBuild(bin, base, ws, mnt, wsRW, mntRW)
 	measureHooks(bin, mnt)
 	measureACP(bin, mnt)
+}
+
+// sandboxMount mounts a new workspace base/ws+name holding a small Go
+// module, with a state dir whose control socket measureHooks finds
+// (base/st for the first mount), and returns the workspace and the mount
+// point.
+func sandboxMount(bin, base, name string, flags ...string) (ws, mnt string) {
+	ws, mnt, st := filepath.Join(base, "ws"+name), filepath.Join(base, "mnt"+name), filepath.Join(base, "st"+name)
+	for _, d := range []string{ws, mnt} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			fail(err)
+		}
+	}
+	if err := write(filepath.Join(ws, "go.mod"), "module hello\n\ngo 1.22\n"); err != nil {
+		fail(err)
+	}
+	if err := write(filepath.Join(ws, "main.go"), "package main\n\nfunc main() { println(\"hello\") }\n"); err != nil {
+		fail(err)
+	}
+	args := append([]string{"mount", ws, mnt, "--state", st}, flags...)
+	if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+		fail(fmt.Errorf("mount: %v: %s", err, out))
+	}
+	return ws, mnt
+}
+
+// measureColdBuild times `go build` with an empty build cache in the
+// confined sandbox, where the cache lands in the scratch layer over
+// $HOME, against a run with --outside rw, where it lands in $HOME itself:
+// two rounds, alternating, each with a $HOME of its own; the mean of each.
+// Skipped without a go command.
+func measureColdBuild(bin, base, ws, mnt, wsRW, mntRW string) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		fmt.Printf("%-34s %9s\n", "cold go build (no go command)", "-")
+		return
+	}
+	n := 0
+	build := func(ws, mnt string) time.Duration {
+		n++
+		home := filepath.Join(base, fmt.Sprintf("home%d", n))
+		if err := os.MkdirAll(home, 0o755); err != nil {
+			fail(err)
+		}
+		cmd := exec.Command(bin, "run", "-m", mnt, "--", "go", "build", "-o", "hello", ".")
+		cmd.Dir = ws
+		cmd.Env = append(os.Environ(), "HOME="+home, "PATH="+filepath.Dir(gobin)+":"+os.Getenv("PATH"),
+			"GOCACHE=", "GOPATH=", "GOMODCACHE=", "GOFLAGS=", "GOTOOLCHAIN=local", "GOPROXY=off", "XDG_CACHE_HOME=")
+		s := time.Now()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			fail(fmt.Errorf("go build in stagefs run -m %s: %v: %s", mnt, err, out))
+		}
+		return time.Since(s)
+	}
+	var confined, open time.Duration
+	for i := 0; i < 2; i++ {
+		confined += build(ws, mnt)
+		open += build(wsRW, mntRW)
+	}
+	confined, open = confined/2, open/2
+	fmt.Printf("%-34s %9s\n", "cold go build, confined", ms(confined))
+	fmt.Printf("%-34s %9s\n", "cold go build, --outside rw", ms(open))
+	fmt.Printf("%-34s %8.1f%%\n", "  confinement adds", 100*(float64(confined)/float64(open)-1))
 }
 
 // measureHooks times what stagefs claude's hooks add to one tool call: the
