@@ -39,10 +39,12 @@
 //   - It cannot lift the mounts that make its view: it runs with no
 //     CAP_SYS_ADMIN (nor the other capabilities that reach past the file
 //     tree it is given) in any set, with no_new_privs, inside a user
-//     namespace where the kernel allows one. Mounts inherited into that
-//     user namespace are locked by the kernel, their read-only flag with
-//     them: even a nested namespace the command makes can neither unmount
-//     them nor make them writable.
+//     namespace where the kernel allows one. Mounts the namespace
+//     inherits are locked by the kernel, and a nested namespace the
+//     command makes can neither unmount nor make writable any mount it
+//     inherits. Init (PID 1) keeps its capabilities but is not dumpable,
+//     so the command can neither trace it nor reach its memory or
+//     descriptors through /proc.
 //   - /proc/sys, /proc/sysrq-trigger and /sys are read-only.
 //
 // Not covered: the network; other processes reached through it or through
