@@ -263,6 +263,14 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool) CommitResult
 			r.applyDirTimes(dirs[i])
 		}
 	}
+	// So did creating and removing entries in staged directories the
+	// commit did not select (containers): they get the times the view
+	// showed, not the commit's.
+	for dir := range r.syncDir {
+		if m := e.index[dir]; m != nil && m.Kind == KindDir && !m.Deleted && !r.failed[dir] {
+			r.applyDirTimes(dir)
+		}
+	}
 	for dir := range r.syncDir {
 		if fd, err := e.base.openDirRead(dir); err == nil {
 			unix.Fsync(fd)
@@ -885,6 +893,14 @@ func (r *commitRun) applyDir(p string, m *meta) error {
 		if err := unix.Fchmodat(dirfd, name, ust.Mode&0o7777, 0); err != nil {
 			return err
 		}
+		if !m.Container {
+			// Only set, never removed: a directory's baseline does not
+			// see xattrs the user set on it meanwhile, and removing
+			// one through the mount is rare enough to leave.
+			eachXattr(e.upper, p, func(attr string, val []byte) {
+				unix.Lsetxattr(procPath(dirfd, name), attr, val, 0)
+			})
+		}
 		r.dirsMade[p] = true
 		return nil
 	})
@@ -1066,15 +1082,13 @@ func (e *Engine) writeBaseEntry(p string, m *meta, ust *syscall.Stat_t, dirfd in
 			return err
 		}
 		unix.Fchownat(dirfd, tmp, int(ust.Uid), int(ust.Gid), unix.AT_SYMLINK_NOFOLLOW)
-		return nil
+		return e.finishBaseEntry(p, ust, dirfd, tmp, 0)
 	case KindSpecial:
 		if err := unix.Mknodat(dirfd, tmp, m.Mode, int(m.Rdev)); err != nil {
 			return err
 		}
 		unix.Fchownat(dirfd, tmp, int(ust.Uid), int(ust.Gid), unix.AT_SYMLINK_NOFOLLOW)
-		// mknod applies the umask; the view showed m.Mode, and baseHolds
-		// recognises the committed entry by it.
-		return unix.Fchmodat(dirfd, tmp, m.Mode&0o7777, 0)
+		return e.finishBaseEntry(p, ust, dirfd, tmp, m.Mode)
 	}
 	src, err := e.upper.open(p, unix.O_RDONLY, 0)
 	if err != nil {
@@ -1104,6 +1118,26 @@ func (e *Engine) writeBaseEntry(p string, m *meta, ust *syscall.Stat_t, dirfd in
 		return nil
 	}
 	return unix.Fsync(dst)
+}
+
+// finishBaseEntry gives a committed symlink or special (made as name in
+// dirfd) the xattrs, mode (a special's, from its meta) and times its upper
+// file p showed in the view. They are set by path without following the
+// last name: neither can be opened for it.
+func (e *Engine) finishBaseEntry(p string, ust *syscall.Stat_t, dirfd int, name string, mode uint32) error {
+	eachXattr(e.upper, p, func(attr string, val []byte) {
+		unix.Lsetxattr(procPath(dirfd, name), attr, val, 0)
+	})
+	if mode != 0 {
+		// After the xattrs, as an access ACL sets the mode too. mknod
+		// applied the umask; the view showed mode, and baseHolds
+		// recognises the committed entry by it.
+		if err := unix.Fchmodat(dirfd, name, mode&0o7777, 0); err != nil {
+			return err
+		}
+	}
+	ts := []unix.Timespec{unix.Timespec(ust.Atim), unix.Timespec(ust.Mtim)}
+	return unix.UtimesNanoAt(dirfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
 }
 
 func (e *Engine) readUpperSymlink(p string) (string, error) {

@@ -86,6 +86,9 @@ func (e *Engine) ensureUpperDir(p string) error {
 			return err
 		}
 		defer unix.Close(fd)
+		// The view reads a staged directory's xattrs from its upper
+		// directory, so the container carries the workspace's.
+		copyXattrs(e.base, l.basePath, fd)
 		return e.finishUpper(fd, p, st, m)
 	})
 	if err != nil {
@@ -199,6 +202,11 @@ func (e *Engine) copyUp(p string, l loc, why copyFor, c Caller) (*meta, error) {
 	default:
 		m.Kind, m.Mode, m.Rdev = KindSpecial, st.Mode, st.Rdev
 	}
+	if m.Kind != KindFile {
+		// The upper file stands for the symlink or special and keeps
+		// its xattrs (trusted.*, security.*; user.* cannot be on one).
+		copyXattrs(e.base, l.basePath, dst)
+	}
 	fst := *st
 	if m.Kind != KindFile {
 		fst.Mode = syscall.S_IFREG | 0o644
@@ -235,10 +243,17 @@ func copyFd(src, dst int, size int64) error {
 	return err
 }
 
-// copyXattrs copies the base entry's xattrs (but stagefs's own) to fd.
+// copyXattrs copies the entry's xattrs (but stagefs's own) to fd.
 // Failures are ignored: some namespaces need privileges the daemon lacks,
 // and a missing xattr must not fail the write that caused the copy-up.
 func copyXattrs(l layer, rel string, fd int) {
+	eachXattr(l, rel, func(name string, val []byte) { unix.Fsetxattr(fd, name, val, 0) })
+}
+
+// eachXattr calls fn with the name and value of every xattr of the entry
+// rel (not following a symlink), but stagefs's own. val is only valid
+// during the call.
+func eachXattr(l layer, rel string, fn func(name string, val []byte)) {
 	// Small buffers first (a commit copies every file): the kernel says
 	// ERANGE when a list or value needs more, up to its 64 KiB limit.
 	buf := make([]byte, 1<<10)
@@ -263,7 +278,7 @@ func copyXattrs(l layer, rel string, fd int) {
 		if err != nil {
 			continue
 		}
-		unix.Fsetxattr(fd, name, val[:vn], 0)
+		fn(name, val[:vn])
 	}
 }
 

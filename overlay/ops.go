@@ -1523,6 +1523,14 @@ func (e *Engine) setattrLocked(p string, fd int, a SetAttr, c Caller) (*syscall.
 					if err := e.writeMeta(p, m); err != nil {
 						return err
 					}
+					e.shareSpecialMode(p, m)
+					if _, err := e.upper.getxattr(p, aclAccessXattr, nil); err == nil {
+						// chmod rewrites an access ACL's entries;
+						// the upper file's is the one shown.
+						if err := unix.Fchmodat(dirfd, name, *a.Mode&0o777|0o600, 0); err != nil {
+							return err
+						}
+					}
 				} else if err := unix.Fchmodat(dirfd, name, *a.Mode&0o7777, 0); err != nil {
 					return err
 				}
@@ -1595,6 +1603,40 @@ func (l layer) truncate(rel string, size int64) error {
 	return unix.Ftruncate(fd, size)
 }
 
+// shareSpecialMode gives the mode of the special p (kept in its meta, not
+// on its upper file) to its other names: it belongs to the inode they
+// share. Only a special with more than one name pays for the search.
+func (e *Engine) shareSpecialMode(p string, m *meta) {
+	st, err := e.upper.lstat(p)
+	if err != nil || st.Nlink < 2 {
+		return
+	}
+	for q, om := range e.index {
+		if q != p && om.uino == m.uino && om.Kind == KindSpecial && !om.Deleted {
+			om.Mode = m.Mode
+		}
+	}
+}
+
+// aclAccessXattr holds a POSIX access ACL; setting it sets the permission
+// bits too (cp -a and rsync -A preserve modes with it).
+const aclAccessXattr = "system.posix_acl_access"
+
+// specialModeFromACL takes the permission bits an access ACL just set on
+// the special p's upper file into its mode, which lives in its meta.
+func (e *Engine) specialModeFromACL(p string, m *meta) error {
+	st, err := e.upper.lstat(p)
+	if err != nil {
+		return err
+	}
+	m.Mode = m.Mode&^0o777 | st.Mode&0o777
+	if err := e.writeMeta(p, m); err != nil {
+		return err
+	}
+	e.shareSpecialMode(p, m)
+	return nil
+}
+
 // Getxattr reads an extended attribute; stagefs's own are invisible.
 func (e *Engine) Getxattr(p, attr string, buf []byte) (int, error) {
 	if strings.HasPrefix(attr, xattrPrefix) {
@@ -1602,12 +1644,9 @@ func (e *Engine) Getxattr(p, attr string, buf []byte) (int, error) {
 	}
 	e.mu.RLock()
 	defer e.mu.RUnlock()
-	lyr, rel, kind, err := e.xattrTarget(p)
+	lyr, rel, err := e.xattrTarget(p)
 	if err != nil {
 		return 0, err
-	}
-	if kind == KindSymlink || kind == KindSpecial {
-		return 0, unix.ENODATA
 	}
 	return lyr.getxattr(rel, attr, buf)
 }
@@ -1617,12 +1656,9 @@ func (e *Engine) Getxattr(p, attr string, buf []byte) (int, error) {
 func (e *Engine) Listxattr(p string) ([]byte, error) {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
-	lyr, rel, kind, err := e.xattrTarget(p)
+	lyr, rel, err := e.xattrTarget(p)
 	if err != nil {
 		return nil, err
-	}
-	if kind == KindSymlink || kind == KindSpecial {
-		return nil, nil
 	}
 	buf := make([]byte, 64<<10)
 	n, err := lyr.listxattr(rel, buf)
@@ -1638,21 +1674,24 @@ func (e *Engine) Listxattr(p string) ([]byte, error) {
 	return out, nil
 }
 
-func (e *Engine) xattrTarget(p string) (layer, string, Kind, error) {
+// xattrTarget returns where p's xattrs are kept: on its upper entry when
+// it is staged (a symlink's or special's upper file holds theirs too), else
+// on the workspace's entry.
+func (e *Engine) xattrTarget(p string) (layer, string, error) {
 	l, err := e.locate(p)
 	if err != nil {
-		return layer{}, "", 0, err
+		return layer{}, "", err
 	}
 	if l.m != nil {
 		if l.deleted() {
-			return layer{}, "", 0, syscall.ENOENT
+			return layer{}, "", syscall.ENOENT
 		}
-		return e.upper, p, l.m.Kind, nil
+		return e.upper, p, nil
 	}
 	if !l.hasBase {
-		return layer{}, "", 0, syscall.ENOENT
+		return layer{}, "", syscall.ENOENT
 	}
-	return e.base, l.basePath, 0, nil
+	return e.base, l.basePath, nil
 }
 
 // Setxattr sets an extended attribute (copying p up first).
@@ -1692,7 +1731,11 @@ func (e *Engine) changeXattr(p, attr string, c Caller, op string, fn func(layer,
 		if err != nil {
 			return err
 		}
-		if m.Kind == KindSymlink || m.Kind == KindSpecial {
+		if (m.Kind == KindSymlink || m.Kind == KindSpecial) && strings.HasPrefix(attr, "user.") {
+			// As on ext4 and most local file systems: user xattrs
+			// only on regular files and directories. The upper file
+			// standing for the entry is a regular one and would take
+			// them.
 			return syscall.EPERM
 		}
 		if m.Kind == KindDir && m.Container {
@@ -1705,7 +1748,13 @@ func (e *Engine) changeXattr(p, attr string, c Caller, op string, fn func(layer,
 		} else if err := e.changedBy(p, m, c, false); err != nil {
 			return err
 		}
-		return fn(e.upper, p)
+		if err := fn(e.upper, p); err != nil {
+			return err
+		}
+		if m.Kind == KindSpecial && attr == aclAccessXattr {
+			return e.specialModeFromACL(p, m)
+		}
+		return nil
 	})
 	if err == nil {
 		err = e.recordStaging(Record{Op: op, Path: p, Pid: c.Pid, Comm: c.Comm, Detail: attr})

@@ -552,25 +552,16 @@ func (e *Engine) mkdirAll(p string) error {
 
 // xattrsLocked reads p's extended attributes as the view shows them.
 func (e *Engine) xattrsLocked(p string) map[string][]byte {
-	lyr, rel, _, err := e.xattrTarget(p)
+	lyr, rel, err := e.xattrTarget(p)
 	if err != nil {
 		return nil
 	}
-	buf := make([]byte, 64<<10)
-	n, err := lyr.listxattr(rel, buf)
-	if err != nil || n <= 0 {
-		return nil
-	}
 	out := map[string][]byte{}
-	val := make([]byte, 64<<10)
-	for _, name := range strings.Split(string(buf[:n]), "\x00") {
-		if name == "" || strings.HasPrefix(name, xattrPrefix) || !strings.HasPrefix(name, "user.") {
-			continue
+	eachXattr(lyr, rel, func(name string, val []byte) {
+		if strings.HasPrefix(name, "user.") {
+			out[name] = append([]byte(nil), val...)
 		}
-		if vn, err := lyr.getxattr(rel, name, val); err == nil {
-			out[name] = append([]byte(nil), val[:vn]...)
-		}
-	}
+	})
 	if len(out) == 0 {
 		return nil
 	}

@@ -1,0 +1,194 @@
+package test
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// treeManifest describes every entry under root (not root itself) by all
+// a commit must carry over: type, mode, owner, size, mtime, content, link
+// target and xattrs. One line per entry, sorted by path.
+func treeManifest(t *testing.T, root string) string {
+	t.Helper()
+	var lines []string
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		if rel == "." {
+			return nil
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return err
+		}
+		line := fmt.Sprintf("%s type=%o mode=%o owner=%d:%d mtime=%d.%09d", rel,
+			st.Mode&unix.S_IFMT, st.Mode&0o7777, st.Uid, st.Gid, st.Mtim.Sec, st.Mtim.Nsec)
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFREG:
+			body, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			line += fmt.Sprintf(" size=%d sha=%x", st.Size, sha256.Sum256(body))
+		case unix.S_IFLNK:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			line += " target=" + target
+		case unix.S_IFCHR, unix.S_IFBLK:
+			line += fmt.Sprintf(" rdev=%d", st.Rdev)
+		}
+		if err := appendXattrs(&line, p); err != nil {
+			return err
+		}
+		lines = append(lines, line)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("manifest of %s: %v", root, err)
+	}
+	sort.Strings(lines)
+	return strings.Join(lines, "\n")
+}
+
+func appendXattrs(line *string, p string) error {
+	buf := make([]byte, 64<<10)
+	n, err := unix.Llistxattr(p, buf)
+	if err != nil && !errors.Is(err, unix.ENOTSUP) {
+		return fmt.Errorf("listxattr %s: %w", p, err)
+	}
+	names := strings.Split(string(buf[:n]), "\x00")
+	sort.Strings(names)
+	for _, name := range names {
+		if name == "" {
+			continue
+		}
+		val := make([]byte, 64<<10)
+		vn, err := unix.Lgetxattr(p, name, val)
+		if err != nil {
+			return fmt.Errorf("getxattr %s %s: %w", p, name, err)
+		}
+		*line += fmt.Sprintf(" %s=%q", name, val[:vn])
+	}
+	return nil
+}
+
+// After a commit of everything, the workspace holds exactly what the view
+// showed before it: for a tree with every kind of entry, odd modes, owners,
+// times and xattrs, made with real cp -a, touch -h -d, setfattr and mknod.
+func TestCommitWritesWhatTheViewShowed(t *testing.T) {
+	parallel(t)
+	for _, tool := range []string{"setfattr", "mknod", "cp", "touch"} {
+		requireTool(t, tool)
+	}
+	m := mountStagefs(t, withFiles(map[string]string{
+		"old/kept.txt": "workspace file\n",
+		"src/a.txt":    "source\n",
+	}))
+	sh(t, m.ws, `setfattr -n user.was -v here old; ln -s a.txt src/link; mkfifo src/fifo`)
+	script := `
+mkdir new newer
+setfattr -n user.dir -v new new
+setfattr -n user.dir -v existing old
+echo staged > new/file
+chmod 0741 new/file
+setfattr -n user.file -v 'with value' new/file
+mkfifo new/fifo
+setfattr -n trusted.fifo -v t new/fifo
+chmod 0620 new/fifo
+ln -s ../src/a.txt new/sym
+setfattr -h -n trusted.sym -v s new/sym
+ln new/file new/hardlink
+cp -a src copy
+touch -h -d '2001-02-03 04:05:06.123456789' new/sym new/fifo copy/link copy/fifo
+touch -d '1999-12-31 23:59:59.5' new/file
+`
+	if os.Geteuid() == 0 {
+		script += `
+mknod new/null c 1 3
+chmod 0604 new/null
+chown 123:456 new/null new/sym
+setfattr -n trusted.dev -v d new/null
+touch -h -d '2002-02-02' new/null
+`
+	}
+	script += `
+touch old/added
+touch -d '2003-03-03 03:03:03.3' new old newer
+`
+	sh(t, m.mnt, script)
+	view := treeManifest(t, m.mnt)
+	if strings.Contains(treeManifest(t, m.ws), "new/file") {
+		t.Fatal("the workspace changed before the commit")
+	}
+	for _, want := range []string{"new/fifo type=10000 mode=620", "trusted.sym=", "user.dir=\"existing\"", "user.was=\"here\"", "copy/fifo"} {
+		if !strings.Contains(view, want) {
+			t.Fatalf("the view lacks %q:\n%s", want, view)
+		}
+	}
+	m.mustCLI("commit")
+	if ws := treeManifest(t, m.ws); ws != view {
+		t.Fatalf("the workspace after the commit differs from the view before it\nview:\n%s\nworkspace:\n%s", view, ws)
+	}
+	if after := treeManifest(t, m.mnt); after != view {
+		t.Fatalf("the view changed with the commit\nbefore:\n%s\nafter:\n%s", view, after)
+	}
+}
+
+// A special file's mode belongs to its inode: chmod through one name shows
+// through every other, and removing a name does not reset it.
+func TestSpecialHardLinksShareMode(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t)
+	out := sh(t, m.mnt, `mknod a p; ln a b; chmod 0201 a; stat -c %a b; rm b; stat -c %a a`)
+	if out != "201\n201\n" {
+		t.Fatalf("modes after chmod and rm of the other name: %q, want 201 twice", out)
+	}
+	// Once the kernel's attribute cache has expired, the engine answers.
+	out = sh(t, m.mnt, `sleep 1.2; stat -c %a a`)
+	if out != "201\n" {
+		t.Fatalf("mode after the attribute cache expired: %q, want 201", out)
+	}
+	m.mustCLI("commit")
+	if out := sh(t, m.ws, `stat -c '%F %a' a`); out != "fifo 201\n" {
+		t.Fatalf("committed: %q", out)
+	}
+}
+
+// Xattrs on fifos and symlinks behave as on ext4: user.* is refused,
+// trusted.* (root) and ACLs are kept, so cp -a of a fifo works.
+func TestSpecialFileXattrs(t *testing.T) {
+	parallel(t)
+	requireTool(t, "setfattr")
+	requireTool(t, "getfattr")
+	if os.Geteuid() != 0 {
+		t.Skip("trusted.* xattrs need root")
+	}
+	m := mountStagefs(t)
+	r := runIn(t, cmdSpec{dir: m.mnt}, "sh", "-c", `mkfifo f && setfattr -n user.x -v 1 f`)
+	if r.code == 0 || !strings.Contains(r.stderr, "Operation not permitted") {
+		t.Fatalf("user xattr on a fifo: %s (want EPERM as on ext4)", r)
+	}
+	sh(t, m.mnt, `setfattr -n trusted.x -v 1 f; chmod 0640 f; cp -a f g; ln -s f s; setfattr -h -n trusted.y -v 2 s`)
+	out := sh(t, m.mnt, `getfattr --absolute-names -h -n trusted.x --only-values g; echo; getfattr -h -n trusted.y --only-values s; echo; stat -c %a g`)
+	if out != "1\n2\n640\n" {
+		t.Fatalf("xattrs and mode through the view: %q", out)
+	}
+	m.mustCLI("commit")
+	out = sh(t, m.ws, `getfattr -n trusted.x --only-values g; echo; getfattr -h -n trusted.y --only-values s; echo; stat -c %a g`)
+	if out != "1\n2\n640\n" {
+		t.Fatalf("xattrs and mode in the workspace: %q", out)
+	}
+}
