@@ -234,6 +234,9 @@ type node struct {
 	fs.Inode
 	sys *FS
 	io  ioModes
+	// removed holds the attributes of a directory removed or renamed
+	// over, for a process that still has it open (see keepRemoved).
+	removed atomic.Pointer[fuse.Attr]
 }
 
 var (
@@ -338,6 +341,10 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 		if err == syscall.ENOENT {
 			if isHandle {
 				return h.Getattr(ctx, out) // fstat of a file removed while open
+			}
+			if a := n.removed.Load(); a != nil {
+				out.Attr = *a
+				return 0
 			}
 			// The node was removed under an open reference.
 			return syscall.ESTALE
@@ -510,6 +517,9 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 }
 
 func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if a, ok := target.(*anonNode); ok {
+		return n.linkAnonymous(ctx, a, name, out)
+	}
 	t, ok := target.(*node)
 	if !ok {
 		return nil, syscall.EXDEV
@@ -527,11 +537,39 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	p := n.child(name)
+	keep := n.keepRemoved(name)
 	if err := n.sys.eng.Rmdir(p, n.sys.caller(ctx)); err != nil {
 		return toErrno(err)
 	}
+	keep()
 	n.sys.watch.forget(p)
 	return 0
+}
+
+// keepRemoved prepares for the directory name of n to go (rmdir, or a
+// rename over it): the function it returns, called once it has gone,
+// keeps its attributes on its node with no links, because a process may
+// still hold it open and fstat it, and its path answers nothing any more.
+// On ext4 that fstat works; without this it would be ESTALE.
+func (n *node) keepRemoved(name string) func() {
+	child := n.GetChild(name)
+	if child == nil || !child.IsDir() {
+		return func() {}
+	}
+	cn, ok := child.Operations().(*node)
+	if !ok {
+		return func() {}
+	}
+	st, err := n.sys.eng.Stat(n.child(name))
+	if err != nil {
+		return func() {}
+	}
+	return func() {
+		var a fuse.Attr
+		a.FromStat(st)
+		a.Nlink = 0
+		cn.removed.Store(&a)
+	}
 }
 
 func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
@@ -541,9 +579,14 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 	}
 	oldp, newp := n.child(name), np.child(newName)
 	moved := n.GetChild(name)
+	keep := func() {}
+	if flags&unix.RENAME_EXCHANGE == 0 {
+		keep = np.keepRemoved(newName)
+	}
 	if err := n.sys.eng.Rename(oldp, newp, flags, n.sys.caller(ctx)); err != nil {
 		return toErrno(err)
 	}
+	keep()
 	// A renamed directory's entries come from elsewhere now, and what was
 	// at the new name is gone: both are decided afresh at their next
 	// lookup. What the kernel cached below the moved directory (missing

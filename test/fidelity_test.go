@@ -192,3 +192,104 @@ func TestSpecialFileXattrs(t *testing.T) {
 		t.Fatalf("xattrs and mode in the workspace: %q", out)
 	}
 }
+
+// open(dir, O_TMPFILE) makes a file with no name, in both modes; linkat
+// through /proc names it, and what was written before and after shows
+// under the name, staged until the commit.
+func TestTmpfileAndLinkat(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"dir/old": "x"}))
+	for _, mode := range []string{"staged", "immediate"} {
+		m.mustCLI("mode", mode)
+		dir := filepath.Join(m.mnt, "dir")
+		before := sh(t, dir, "ls -A")
+		fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR, 0o640)
+		if err != nil {
+			t.Fatalf("%s: open O_TMPFILE: %v", mode, err)
+		}
+		// Closed before the mount's cleanup, also when the test fails.
+		t.Cleanup(func() { unix.Close(fd) })
+		if _, err := unix.Write(fd, []byte("before the link\n")); err != nil {
+			t.Fatal(err)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil || st.Nlink != 0 || st.Mode != unix.S_IFREG|0o640 {
+			t.Fatalf("%s: fstat of the anonymous file: nlink %d mode %o, %v", mode, st.Nlink, st.Mode, err)
+		}
+		if names := sh(t, dir, "ls -A"); names != before {
+			t.Fatalf("%s: the anonymous file is listed: %q", mode, names)
+		}
+		// A second one that is closed unnamed leaves nothing behind.
+		gone, err := unix.Open(dir, unix.O_TMPFILE|unix.O_WRONLY, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		unix.Write(gone, []byte("never named"))
+		unix.Close(gone)
+
+		name := "named-" + mode
+		if err := unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), unix.AT_FDCWD, filepath.Join(dir, name), unix.AT_SYMLINK_FOLLOW); err != nil {
+			t.Fatalf("%s: linkat: %v", mode, err)
+		}
+		if _, err := unix.Write(fd, []byte("after it\n")); err != nil {
+			t.Fatal(err)
+		}
+		want := "before the link\nafter it\n"
+		if got, err := os.ReadFile(filepath.Join(dir, name)); err != nil || string(got) != want {
+			t.Fatalf("%s: the named file holds %q, %v", mode, got, err)
+		}
+		if names := sh(t, dir, "ls -A"); !strings.Contains(names, name+"\n") || strings.Count(names, "\n") != strings.Count(before, "\n")+1 {
+			t.Fatalf("%s: listing %q after naming the file %s", mode, names, name)
+		}
+		_, err = os.Stat(filepath.Join(m.ws, "dir", name))
+		if mode == "staged" {
+			if err == nil {
+				t.Fatal("staged: the workspace has the file before the commit")
+			}
+			if st := m.status(); len(st.Entries) != 1 || st.Entries[0].Path != "dir/"+name {
+				t.Fatalf("staged: pending %+v, want only dir/%s", st.Entries, name)
+			}
+			m.mustCLI("commit")
+		}
+		got, err := os.ReadFile(filepath.Join(m.ws, "dir", name))
+		if err != nil || string(got) != want {
+			t.Fatalf("%s: the workspace has %q, %v", mode, got, err)
+		}
+	}
+}
+
+// A directory held open and then removed, by rmdir or by a rename over
+// it, still answers fstat (no links left), as on ext4, in both modes.
+func TestRemovedDirectoryHeldOpen(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t)
+	for _, mode := range []string{"immediate", "staged"} {
+		m.mustCLI("mode", mode)
+		root := filepath.Join(m.mnt, mode)
+		sh(t, m.mnt, "mkdir -p "+mode+"/d1 "+mode+"/d2 "+mode+"/d3")
+		over, err := unix.Open(filepath.Join(root, "d2"), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(over) })
+		removed, err := unix.Open(filepath.Join(root, "d3"), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(removed) })
+		sh(t, root, "mv -T d1 d2; rmdir d3")
+		for what, fd := range map[string]int{"renamed over": over, "removed": removed} {
+			var st unix.Stat_t
+			if err := unix.Fstat(fd, &st); err != nil {
+				t.Fatalf("%s: fstat of a directory %s while open: %v", mode, what, err)
+			}
+			if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Nlink != 0 {
+				t.Fatalf("%s: fstat of a directory %s: mode %o nlink %d, want a directory with no links", mode, what, st.Mode, st.Nlink)
+			}
+		}
+		if mode == "immediate" {
+			continue
+		}
+		m.mustCLI("commit")
+	}
+}
