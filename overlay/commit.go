@@ -136,6 +136,7 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool) CommitResult
 	r := &commitRun{e: e, force: force, recovering: recovering, syncDir: map[string]bool{}, linked: map[uint64]string{}, failed: map[string]bool{}, prepared: map[uint64]preparedFile{}, movedAway: map[string]bool{}, dirsMade: map[string]bool{},
 		progress: e.startProgress("commit", len(sel))}
 	defer r.progress.finish()
+	e.removeStrayTemps()
 	if recovering {
 		r.resumeMovesAside(sel)
 	}
@@ -984,6 +985,28 @@ func (r *commitRun) applyFile(p string, m *meta) error {
 	return err
 }
 
+// removeTemp removes a prepared file's temporary; nil also when it is
+// gone already.
+func removeTemp(base layer, pf preparedFile) error {
+	err := base.withParent(pf.path, func(dirfd int, _ string) error { return unix.Unlinkat(dirfd, pf.tmp, 0) })
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	return err
+}
+
+// removeStrayTemps removes the temporaries earlier commits could not
+// (see Engine.strayTemps), keeping those still out of reach.
+func (e *Engine) removeStrayTemps() {
+	kept := e.strayTemps[:0]
+	for _, pf := range e.strayTemps {
+		if removeTemp(e.base, pf) != nil {
+			kept = append(kept, pf)
+		}
+	}
+	e.strayTemps = kept
+}
+
 // commitTempPrefix starts the names of the temporary files commit writes in
 // workspace directories; Recover removes any a crash left.
 const commitTempPrefix = ".stagefs-commit-"
@@ -1018,7 +1041,9 @@ func (r *commitRun) finishFiles() {
 
 // unprepare removes a prepared file's temporary and files it as failed.
 func (r *commitRun) unprepare(pf preparedFile, err error) {
-	r.e.base.withParent(pf.path, func(dirfd int, _ string) error { return unix.Unlinkat(dirfd, pf.tmp, 0) })
+	if removeTemp(r.e.base, pf) != nil {
+		r.e.strayTemps = append(r.e.strayTemps, pf)
+	}
 	for i, p := range r.res.Committed {
 		if p == pf.path {
 			r.res.Committed = append(r.res.Committed[:i], r.res.Committed[i+1:]...)

@@ -131,6 +131,10 @@ type Engine struct {
 	children map[string]map[string]bool // upper dir path -> names of its upper entries
 	mode     Mode
 	writers  map[uint64]int // upper inode -> open writable handles (commit refuses those files)
+	// strayTemps are commit temporaries a commit could not remove, its
+	// directory being out of reach then (replaced by a symlink, say);
+	// every commit tries again first. Guarded by mu.
+	strayTemps []preparedFile
 
 	// copyGen counts copy-ups, so an open read-only handle on a base file
 	// can tell cheaply that it may have to move to the upper copy.
