@@ -30,12 +30,20 @@
 //
 // # Methods
 //
-// session/initialize, fs/set_mode, fs/staged_status, fs/commit_staged,
-// fs/discard_staged, fs/diff, fs/read_text, fs/safe_text_patch and
-// session/log are answered by a Backend; events/subscribe is answered by
-// the server itself. The dispatch is a table: Server.Handle adds a method,
-// and Typed turns a func(ctx, Params) (Result, error) into a handler, so a
-// new method is one line.
+// Every request method but events/subscribe is answered by a Backend,
+// which has one method for each (see Methods): the session and the pending
+// set (session/initialize, fs/set_mode, fs/staged_status,
+// fs/commit_staged, fs/discard_staged, fs/diff, fs/read_text,
+// fs/safe_text_patch, session/log), tool calls' snapshots (fs/snapshot,
+// fs/close_snapshot, fs/restore, fs/list_snapshots, fs/drop_snapshot) and
+// turns (session/turn, session/checkpoints, session/rollback,
+// session/redo, session/mark_user). events/subscribe is answered by the
+// server itself. The hook channel (hooks.go) is a server of its own,
+// answering the hook methods with a HookBackend (NewHookServer).
+//
+// The dispatch is a table: NewServer fills it from the Backend, and
+// Server.Handle adds a method to it; Typed turns a func(ctx, Params)
+// (Result, error) into a handler.
 //
 // # Errors
 //

@@ -25,6 +25,39 @@ const (
 // HookMethods lists every method the hook channel answers.
 var HookMethods = []string{MethodHookTurn, MethodHookToolCallStart, MethodHookToolCallBind, MethodHookToolCallEnd, MethodHookSessionEnd}
 
+// HookBackend is what the hook channel's server needs from the daemon: one
+// method for every hook method. As with Backend, an *Error picks the
+// JSON-RPC error, and each method has the signature of the Client's method
+// of the same name.
+type HookBackend interface {
+	HookTurn(ctx context.Context, p HookTurnParams) (TurnInfo, error)
+	HookToolCallStart(ctx context.Context, p HookToolCallStartParams) (HookToolCallStartResult, error)
+	HookToolCallBind(ctx context.Context, scopeID string) (HookToolCallBindResult, error)
+	HookToolCallEnd(ctx context.Context, p HookToolCallEndParams) (HookToolCallEndResult, error)
+	HookSessionEnd(ctx context.Context, sessionID string) (HookSessionEndResult, error)
+}
+
+// A Client of a hook channel is a HookBackend too.
+var _ HookBackend = (*Client)(nil)
+
+// NewHookServer returns a server answering the hook methods (HookMethods)
+// with h, and events/subscribe, as every Server does.
+func NewHookServer(h HookBackend, opts ServerOptions) *Server {
+	s := NewServer(nil, opts)
+	s.Handle(MethodHookTurn, Typed(h.HookTurn))
+	s.Handle(MethodHookToolCallStart, Typed(h.HookToolCallStart))
+	s.Handle(MethodHookToolCallBind, Typed(func(ctx context.Context, p HookToolCallBindParams) (HookToolCallBindResult, error) {
+		return h.HookToolCallBind(ctx, p.ScopeID)
+	}))
+	s.Handle(MethodHookToolCallEnd, Typed(h.HookToolCallEnd))
+	s.Handle(MethodHookSessionEnd, Typed(func(ctx context.Context, p HookSessionEndParams) (HookSessionEndResult, error) {
+		r, err := h.HookSessionEnd(ctx, p.SessionID)
+		r.Closed = nonNil(r.Closed)
+		return r, err
+	}))
+	return s
+}
+
 // HookSocketPrefix starts the hook channel's name: an abstract Unix socket
 // (no file, so nothing to hide or clean up, and reachable in the sandbox,
 // which shares the host's network namespace).

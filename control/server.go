@@ -72,7 +72,8 @@ type Server struct {
 }
 
 // NewServer returns a server answering the methods in Methods with b.
-// b may be nil for a server whose methods are all added with Handle.
+// b may be nil for a server whose methods are all added with Handle (as
+// NewHookServer's are).
 func NewServer(b Backend, opts ServerOptions) *Server {
 	if opts.MaxLineBytes <= 0 {
 		opts.MaxLineBytes = DefaultMaxLineBytes
@@ -146,6 +147,63 @@ func (s *Server) registerBackend(b Backend) {
 		r.Records = nonNil(r.Records)
 		return r, err
 	}))
+
+	s.Handle(MethodSnapshot, Typed(func(ctx context.Context, p SnapshotParams) (SnapshotInfo, error) {
+		r, err := b.Snapshot(ctx, p)
+		r.Paths = nonNil(r.Paths)
+		return r, err
+	}))
+	s.Handle(MethodCloseSnapshot, Typed(func(ctx context.Context, p ScopeParams) (SnapshotInfo, error) {
+		r, err := b.CloseSnapshot(ctx, p.ScopeID)
+		r.Paths = nonNil(r.Paths)
+		return r, err
+	}))
+	s.Handle(MethodRestore, Typed(func(ctx context.Context, p RestoreParams) (RestoreResult, error) {
+		r, err := b.RestoreWith(ctx, p)
+		r.RestoredPaths = nonNil(r.RestoredPaths)
+		r.Overwritten = nonNil(r.Overwritten)
+		r.Kept = nonNil(r.Kept)
+		r.Uncaptured = nonNil(r.Uncaptured)
+		r.Conflicts = nonNil(r.Conflicts)
+		r.Failed = nonNil(r.Failed)
+		return r, err
+	}))
+	s.Handle(MethodListSnapshots, Typed(func(ctx context.Context, _ struct{}) (ListSnapshotsResult, error) {
+		r, err := b.ListSnapshots(ctx)
+		r.Snapshots = nonNil(r.Snapshots)
+		return r, err
+	}))
+	s.Handle(MethodDropSnapshot, Typed(func(ctx context.Context, p ScopeParams) (DropSnapshotResult, error) {
+		return b.DropSnapshot(ctx, p.ScopeID)
+	}))
+
+	s.Handle(MethodTurn, Typed(func(ctx context.Context, p TurnParams) (TurnInfo, error) {
+		return b.Turn(ctx, p)
+	}))
+	s.Handle(MethodCheckpoints, Typed(func(ctx context.Context, _ struct{}) (CheckpointsResult, error) {
+		r, err := b.Checkpoints(ctx)
+		r.Turns = nonNil(r.Turns)
+		return r, err
+	}))
+	s.Handle(MethodRollback, Typed(func(ctx context.Context, p RollbackParams) (RollbackResult, error) {
+		r, err := b.Rollback(ctx, p)
+		return rollbackResult(r), err
+	}))
+	s.Handle(MethodRedo, Typed(func(ctx context.Context, p RedoParams) (RollbackResult, error) {
+		r, err := b.Redo(ctx, p)
+		return rollbackResult(r), err
+	}))
+	s.Handle(MethodMarkUser, Typed(func(ctx context.Context, p MarkUserParams) (MarkUserResult, error) {
+		return b.MarkUser(ctx, p)
+	}))
+}
+
+// rollbackResult gives a rollback's or a redo's lists as arrays.
+func rollbackResult(r RollbackResult) RollbackResult {
+	r.RestoredPaths = nonNil(r.RestoredPaths)
+	r.Conflicts = nonNil(r.Conflicts)
+	r.Failed = nonNil(r.Failed)
+	return r
 }
 
 func nonNil[T any](s []T) []T {

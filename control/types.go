@@ -23,7 +23,8 @@ const (
 	MethodSessionUpdate = "session/update"
 )
 
-// Methods lists the request methods every Server answers out of the box.
+// Methods lists the request methods a Server made with a Backend answers:
+// the Backend's and events/subscribe.
 var Methods = []string{
 	MethodInitialize,
 	MethodSetMode,
@@ -34,6 +35,16 @@ var Methods = []string{
 	MethodReadText,
 	MethodSafeTextPatch,
 	MethodLog,
+	MethodSnapshot,
+	MethodCloseSnapshot,
+	MethodRestore,
+	MethodListSnapshots,
+	MethodDropSnapshot,
+	MethodTurn,
+	MethodCheckpoints,
+	MethodRollback,
+	MethodRedo,
+	MethodMarkUser,
 	MethodSubscribe,
 }
 
@@ -81,10 +92,16 @@ const (
 	EventMissed = "missed"
 )
 
-// Backend is what the server needs from the filesystem side. Methods return
-// an *Error to choose the JSON-RPC error sent back; any other error is sent
-// as an internal error (-32603) with its message.
+// Backend is what the server needs from the filesystem side: one method
+// for every request method of the control socket but events/subscribe,
+// which the server answers itself. Methods return an *Error to choose the
+// JSON-RPC error sent back; any other error is sent as an internal error
+// (-32603) with its message.
+//
+// Each method has the signature of the Client's method of the same name,
+// so a Client is a Backend too.
 type Backend interface {
+	// The session and the pending set.
 	Initialize(ctx context.Context) (InitializeResult, error)
 	SetMode(ctx context.Context, mode string) (SetModeResult, error)
 	Status(ctx context.Context, paths []string) (StatusResult, error)
@@ -94,6 +111,22 @@ type Backend interface {
 	ReadText(ctx context.Context, path string) (ReadTextResult, error)
 	SafeTextPatch(ctx context.Context, p SafeTextPatchParams) (SafeTextPatchResult, error)
 	Log(ctx context.Context, p LogParams) (LogResult, error)
+
+	// Tool calls' snapshots (snapshots.go). RestoreWith answers
+	// fs/restore: the Client's Restore is its short form, without
+	// KeepLater.
+	Snapshot(ctx context.Context, p SnapshotParams) (SnapshotInfo, error)
+	CloseSnapshot(ctx context.Context, scopeID string) (SnapshotInfo, error)
+	RestoreWith(ctx context.Context, p RestoreParams) (RestoreResult, error)
+	ListSnapshots(ctx context.Context) (ListSnapshotsResult, error)
+	DropSnapshot(ctx context.Context, scopeID string) (DropSnapshotResult, error)
+
+	// Turns, rollback and redo (turns.go).
+	Turn(ctx context.Context, p TurnParams) (TurnInfo, error)
+	Checkpoints(ctx context.Context) (CheckpointsResult, error)
+	Rollback(ctx context.Context, p RollbackParams) (RollbackResult, error)
+	Redo(ctx context.Context, p RedoParams) (RollbackResult, error)
+	MarkUser(ctx context.Context, p MarkUserParams) (MarkUserResult, error)
 }
 
 // Validator is implemented by params types that check themselves after

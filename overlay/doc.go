@@ -49,7 +49,7 @@
 // Lock order: a lock may be taken while holding those above it in this
 // table, never the reverse. Locks on one line are not held together.
 //
-//	the daemon's hook channel (cmd/stagefs hookChannel.mu)
+//	the daemon's hook channel (backend HookChannel.mu)
 //	fusefs: a file handle's mu (re-pointing an open file)
 //	Engine.turnMu        turn start and end, rollback, redo
 //	Engine.textMu        a whole ReadFile or PatchFile
@@ -58,6 +58,9 @@
 //	inoMap.mu, dirCache.mu, procCache.mu, progress.mu
 //	snapshot.Store.mu    (capture under Engine.mu; it fsyncs under it)
 //	journal.Journal.mu   (a commit's intent under Engine.mu)
+//
+// fusefs's anonNode.mu (the names an O_TMPFILE file was given) is held
+// alone.
 //
 // The engine's callbacks (OnChange, OnCaptureFailed, OnProgress) are
 // called with Engine.mu held and must take no lock above it and never

@@ -15,6 +15,7 @@ import (
 
 	"stagefs/agents"
 	"stagefs/control"
+	"stagefs/overlay"
 	"stagefs/sandbox"
 )
 
@@ -239,7 +240,7 @@ func printAgentSummary(ctx context.Context, a *agents.Agent, c *control.Client, 
 	if ls, err := c.ListSnapshots(ctx); err == nil {
 		for _, s := range ls.Snapshots {
 			created, err := time.Parse(time.RFC3339Nano, s.Created)
-			if err != nil || created.Before(since) || reservedScope(s.ScopeID) {
+			if err != nil || created.Before(since) || overlay.InternalScope(s.ScopeID) {
 				continue
 			}
 			calls++

@@ -41,6 +41,12 @@ type noDaemonError struct{ err error }
 func (e *noDaemonError) Error() string { return e.err.Error() }
 func (e *noDaemonError) Unwrap() error { return e.err }
 
+// exitStatus carries a child's exit status out of exec, run, the agent
+// commands and hook: stagefs exits with it.
+type exitStatus struct{ code int }
+
+func (e *exitStatus) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
 type command struct {
 	name    string
 	summary string

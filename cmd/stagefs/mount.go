@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"stagefs/control"
+	"stagefs/overlay"
 	"stagefs/sandbox"
 )
 
@@ -173,7 +174,7 @@ func (cfg *mountConfig) resolve(workspace, mountpoint string) error {
 	if cfg.mountpoint, err = realDir(mountpoint, "mount point"); err != nil {
 		return err
 	}
-	if _, err := parseMode(cfg.mode); err != nil {
+	if _, err := overlay.ParseMode(cfg.mode); err != nil {
 		return usagef("%v", err)
 	}
 	if cfg.journalSync < 0 || cfg.journalSync > time.Minute {
@@ -296,6 +297,15 @@ func defaultStateDir(workspace string) (string, error) {
 
 func socketPath(state string) string { return filepath.Join(state, "control.sock") }
 
+// nonNil gives a nil list as an empty one, which JSON shows as [], not
+// null.
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
 // startBackground re-runs stagefs as a detached daemon and waits until it
 // reports the mount ready (or why it failed).
 func startBackground(cfg *mountConfig) error {
@@ -380,92 +390,4 @@ func printMounted(w io.Writer, cfg *mountConfig) {
 		fmt.Fprintf(w, "  allowed:   %s\n", p)
 	}
 	printRecovered(w, cfg.recovered)
-}
-
-// runDaemon is the background daemon's entry point.
-func runDaemon(ctx context.Context, args []string) error {
-	var cfg mountConfig
-	fs := mountFlags(daemonCommand, &cfg)
-	fs.IntVar(&cfg.readyFd, "ready-fd", -1, "")
-	if err := fs.Parse(args); err != nil {
-		return usagef("%v", err)
-	}
-	if fs.NArg() != 2 {
-		return usagef("internal: daemon needs WORKSPACE MOUNTPOINT")
-	}
-	cfg.workspace, cfg.mountpoint = fs.Arg(0), fs.Arg(1)
-	var ready *os.File
-	if cfg.readyFd >= 0 {
-		ready = os.NewFile(uintptr(cfg.readyFd), "ready")
-	}
-	err := serve(ctx, &cfg, ready)
-	if err != nil && ready != nil {
-		fmt.Fprintf(ready, "error: %v\n", err)
-		ready.Close()
-	}
-	return err
-}
-
-// mountEntry is one line of /proc/self/mountinfo.
-type mountEntry struct {
-	point, fstype, source string
-}
-
-func readMounts() ([]mountEntry, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var out []mountEntry
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i, f := range fields {
-			if f == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 5 || len(fields) < sep+3 {
-			continue
-		}
-		out = append(out, mountEntry{point: unescapeMount(fields[4]), fstype: fields[sep+1], source: unescapeMount(fields[sep+2])})
-	}
-	return out, sc.Err()
-}
-
-// unescapeMount decodes the octal escapes (\040 for space) of mountinfo.
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// stagefsSourcePrefix marks stagefs mounts in /proc/mounts; the rest of the
-// source is the state dir, so clients find the socket from a mount point.
-const stagefsSourcePrefix = "stagefs:"
-
-func isMounted(point string) (mountEntry, bool) {
-	ms, _ := readMounts()
-	for i := len(ms) - 1; i >= 0; i-- {
-		if ms[i].point == point {
-			return ms[i], true
-		}
-	}
-	return mountEntry{}, false
 }

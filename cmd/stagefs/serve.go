@@ -1,10 +1,17 @@
 package main
 
+// The daemon: `stagefs mount` starts it in the background (or runs it with
+// --foreground). It takes the state dir's lock, opens the journal, starts
+// the engine and finishes what a crash interrupted, mounts, answers the
+// control socket and the hook channel with package backend, and unmounts
+// on a signal.
+
 import (
 	"context"
 	"encoding/json"
 	"fmt"
 	"log"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -12,10 +19,10 @@ import (
 	"runtime/pprof"
 	"strings"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 
+	"stagefs/backend"
 	"stagefs/control"
 	"stagefs/fusefs"
 	"stagefs/journal"
@@ -23,8 +30,6 @@ import (
 	"stagefs/sandbox"
 	"stagefs/snapshot"
 )
-
-func parseMode(s string) (overlay.Mode, error) { return overlay.ParseMode(s) }
 
 // recovery is what a daemon found at start-up, for `stagefs mount` to tell
 // the user: the pending set it kept, an interrupted commit it finished, the
@@ -44,6 +49,30 @@ type commitRecovery struct {
 	Failed    int `json:"failed"`
 }
 
+// runDaemon is the background daemon's entry point.
+func runDaemon(ctx context.Context, args []string) error {
+	var cfg mountConfig
+	fs := mountFlags(daemonCommand, &cfg)
+	fs.IntVar(&cfg.readyFd, "ready-fd", -1, "")
+	if err := fs.Parse(args); err != nil {
+		return usagef("%v", err)
+	}
+	if fs.NArg() != 2 {
+		return usagef("internal: daemon needs WORKSPACE MOUNTPOINT")
+	}
+	cfg.workspace, cfg.mountpoint = fs.Arg(0), fs.Arg(1)
+	var ready *os.File
+	if cfg.readyFd >= 0 {
+		ready = os.NewFile(uintptr(cfg.readyFd), "ready")
+	}
+	err := serve(ctx, &cfg, ready)
+	if err != nil && ready != nil {
+		fmt.Fprintf(ready, "error: %v\n", err)
+		ready.Close()
+	}
+	return err
+}
+
 // serve runs the daemon: lock the state dir, recover, mount, answer the
 // control socket, and unmount on a signal. ready, when set, gets "ready\n"
 // once the mount serves.
@@ -52,7 +81,7 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 	// must not apply a second one.
 	syscall.Umask(0)
 	logger := log.New(os.Stderr, "stagefs: ", log.LstdFlags|log.Lmicroseconds)
-	mode, err := parseMode(cfg.mode)
+	mode, err := overlay.ParseMode(cfg.mode)
 	if err != nil {
 		return err
 	}
@@ -63,7 +92,8 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 	defer lock.Close()
 	// Before the mount is ready: no run of this mount may start with the
 	// settings of an earlier daemon.
-	if err := sandbox.SaveSettings(cfg.state, sandbox.Settings{Outside: cfg.outside, Allow: cfg.allow}); err != nil {
+	settings := sandbox.Settings{Outside: cfg.outside, Allow: cfg.allow}
+	if err := sandbox.SaveSettings(cfg.state, settings); err != nil {
 		return err
 	}
 	if err := clearStaleMount(cfg.mountpoint); err != nil {
@@ -90,7 +120,7 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 	if info.TornBytes > 0 {
 		logger.Printf("journal: cut a torn tail of %d bytes (kept in %s)", info.TornBytes, info.BrokenCopy)
 	}
-	unfinished, err := unfinishedCommit(jr, info.CheckpointSeq)
+	unfinished, err := overlay.UnfinishedCommit(jr, info.CheckpointSeq)
 	if err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}
@@ -98,45 +128,22 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 	if err != nil {
 		return fmt.Errorf("snapshots: %w", err)
 	}
-	var hidden []string
-	if within(cfg.state, cfg.workspace) {
-		rel, _ := filepath.Rel(cfg.workspace, cfg.state)
-		hidden = append(hidden, filepath.ToSlash(rel))
-	}
-	b := &backend{cfg: cfg, journal: jr, sessionID: newSessionID(), started: time.Now(), wake: make(chan struct{}, 1)}
-	eng, err := overlay.New(overlay.Options{
+	// The backend before the engine: the engine's callbacks are its.
+	b := backend.New(backend.Config{
+		Version:   version,
 		Workspace: cfg.workspace,
+		Mount:     cfg.mountpoint,
 		StateDir:  cfg.state,
-		Mode:      mode,
 		Journal:   jr,
-		OnChange:  b.pendingChanged,
-		Logf:      logger.Printf,
-		Hidden:    hidden,
-		Snapshots: snaps,
-		Turns:     overlay.TurnOptions{MaxTurns: cfg.maxTurns, MaxAge: cfg.maxTurnAge, NoCapture: cfg.noCapture},
 		Deny:      cfg.deny,
 		Hide:      cfg.hide,
-
-		CaptureFailure:  cfg.captureFailure,
-		JournalSync:     cfg.journalSync,
-		OnCaptureFailed: b.captureFailed,
-		// STAGEFS_PROGRESS_EVERY spaces progress reports (the tests
-		// shorten it).
-		ProgressEvery: envDuration("STAGEFS_PROGRESS_EVERY", 0),
-		OnProgress: func(p overlay.Progress) {
-			b.publish(control.Event{Kind: control.EventProgress, Detail: p.Op, Done: p.Done, Total: p.Total, Bytes: p.Bytes, Final: p.Final})
-		},
-		OnRenumbered: func(paths []string) {
-			if b.fs != nil {
-				b.fs.Invalidate(paths)
-			}
-		},
+		Sandbox:   settings,
 	})
+	eng, err := overlay.New(engineOptions(cfg, mode, jr, snaps, b, logger.Printf))
 	if err != nil {
 		return err
 	}
 	defer eng.Close()
-	b.eng, b.snaps = eng, snaps
 	var rec recovery
 	rec.TornJournalBytes = info.TornBytes
 	if len(unfinished) > 0 {
@@ -147,7 +154,7 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 	// Recovered, and nothing in flight yet: later starts begin here,
 	// unless the commit could not be finished (Recover could not even
 	// journal its own begin): then the next start must see it again.
-	if left, err := unfinishedCommit(jr, info.CheckpointSeq); err == nil && len(left) == 0 {
+	if left, err := overlay.UnfinishedCommit(jr, info.CheckpointSeq); err == nil && len(left) == 0 {
 		recovered = true
 		if err := jr.Checkpoint(); err != nil {
 			logger.Printf("%v", err)
@@ -164,7 +171,6 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		// go-fuse ends some messages with a newline; the hint goes on the same line.
 		return fmt.Errorf("mount %s: %s%s", cfg.mountpoint, strings.TrimSpace(err.Error()), mountHint(err))
 	}
-	b.fs = mfs
 	server := mfs.Server()
 	l, err := control.Listen(socketPath(cfg.state))
 	if err != nil {
@@ -172,16 +178,13 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		return fmt.Errorf("control socket: %w", err)
 	}
 	ctl := control.NewServer(b, control.ServerOptions{Logf: logger.Printf})
-	b.registerSnapshots(ctl)
-	b.registerTurns(ctl)
-	b.ctl = ctl
+	b.Start(eng, snaps, mfs, ctl)
 	go ctl.Serve(l)
-	go b.publishLoop()
 	defer func() {
 		ctl.Close()
 		os.Remove(socketPath(cfg.state))
 	}()
-	hooks, err := newHookChannel(b, logger.Printf).serve(control.HookSocketName(cfg.state))
+	hooks, err := serveHooks(b, cfg.state, logger)
 	if err != nil {
 		server.Unmount()
 		return err
@@ -190,17 +193,7 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 	// Logged before the mount is reported ready, so it is there to read.
 	logger.Printf("passthrough of pending bodies: %s", mfs.Passthrough())
 	if ready != nil {
-		if st, err := b.Status(context.Background(), nil); err == nil {
-			rec.Pending, rec.PendingBytes = st.PendingCount, st.TotalBytes
-		}
-		for _, s := range snaps.OpenSnapshots() {
-			if !reservedScope(s.ScopeID) {
-				rec.OpenSnapshots++
-			}
-		}
-		line, _ := json.Marshal(rec)
-		fmt.Fprintf(ready, "ready %s\n", line)
-		ready.Close()
+		reportReady(ready, rec, b, snaps)
 	}
 	logger.Printf("serving %s over %s (state %s, mode %s)", cfg.mountpoint, cfg.workspace, cfg.state, mode)
 
@@ -211,6 +204,68 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 			defer func() { pprof.StopCPUProfile(); f.Close() }()
 		}
 	}
+	serveUntilUnmounted(ctx, server, cfg, logger)
+	return nil
+}
+
+// engineOptions are the engine's options for the mount cfg describes; its
+// callbacks are the backend's.
+func engineOptions(cfg *mountConfig, mode overlay.Mode, jr *journal.Journal, snaps *snapshot.Store, b *backend.Backend, logf func(string, ...any)) overlay.Options {
+	var hidden []string
+	if within(cfg.state, cfg.workspace) {
+		rel, _ := filepath.Rel(cfg.workspace, cfg.state)
+		hidden = append(hidden, filepath.ToSlash(rel))
+	}
+	return overlay.Options{
+		Workspace: cfg.workspace,
+		StateDir:  cfg.state,
+		Mode:      mode,
+		Journal:   jr,
+		OnChange:  b.PendingChanged,
+		Logf:      logf,
+		Hidden:    hidden,
+		Snapshots: snaps,
+		Turns:     overlay.TurnOptions{MaxTurns: cfg.maxTurns, MaxAge: cfg.maxTurnAge, NoCapture: cfg.noCapture},
+		Deny:      cfg.deny,
+		Hide:      cfg.hide,
+
+		CaptureFailure:  cfg.captureFailure,
+		JournalSync:     cfg.journalSync,
+		OnCaptureFailed: b.CaptureFailed,
+		// STAGEFS_PROGRESS_EVERY spaces progress reports (the tests
+		// shorten it).
+		ProgressEvery: envDuration("STAGEFS_PROGRESS_EVERY", 0),
+		OnProgress:    b.Progress,
+		OnRenumbered:  b.Renumbered,
+	}
+}
+
+// reportReady tells `stagefs mount`, which waits on ready, that the mount
+// serves, and what the daemon found from an earlier run.
+func reportReady(ready *os.File, rec recovery, b *backend.Backend, snaps *snapshot.Store) {
+	if st, err := b.Status(context.Background(), nil); err == nil {
+		rec.Pending, rec.PendingBytes = st.PendingCount, st.TotalBytes
+	}
+	for _, s := range snaps.OpenSnapshots() {
+		if !overlay.InternalScope(s.ScopeID) {
+			rec.OpenSnapshots++
+		}
+	}
+	line, _ := json.Marshal(rec)
+	fmt.Fprintf(ready, "ready %s\n", line)
+	ready.Close()
+}
+
+// mountServer is the FUSE server of the mount.
+type mountServer interface {
+	Wait()
+	Unmount() error
+}
+
+// serveUntilUnmounted returns once the mount is gone: unmounted from
+// outside (stagefs unmount), or by the daemon itself when ctx ends or a
+// signal comes.
+func serveUntilUnmounted(ctx context.Context, server mountServer, cfg *mountConfig, logger *log.Logger) {
 	done := make(chan struct{})
 	go func() { server.Wait(); close(done) }()
 	sigs := make(chan os.Signal, 1)
@@ -219,7 +274,7 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		select {
 		case <-done:
 			logger.Printf("unmounted %s; the pending set is kept in %s", cfg.mountpoint, cfg.state)
-			return nil
+			return
 		case <-ctx.Done():
 			unmountFromDaemon(server, cfg.mountpoint, logger)
 		case s := <-sigs:
@@ -227,6 +282,21 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 			unmountFromDaemon(server, cfg.mountpoint, logger)
 		}
 	}
+}
+
+// serveHooks answers the hook channel on its abstract socket with b,
+// until the returned server is closed.
+func serveHooks(b *backend.Backend, state string, logger *log.Logger) (*control.Server, error) {
+	name := control.HookSocketName(state)
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: name, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("hook channel %s: %w", name, err)
+	}
+	// Everything in the sandbox can write to it: a hook's request is
+	// small, and a longer line is refused.
+	s := control.NewHookServer(backend.NewHookChannel(b, logger.Printf), control.ServerOptions{Logf: logger.Printf, MaxLineBytes: 1 << 20})
+	go s.Serve(l)
+	return s, nil
 }
 
 // unmountFromDaemon unmounts; when files are still open it detaches the
@@ -297,37 +367,4 @@ func lazyUnmount(mp string) error {
 		return syscall.Unmount(mp, syscall.MNT_DETACH)
 	}
 	return exec.Command("fusermount3", "-u", "-z", mp).Run()
-}
-
-// unfinishedCommit returns the paths of the last commit the journal shows
-// begun but not ended (a crash in the middle).
-// The scan starts after the journal's checkpoint: none was taken with a
-// commit in flight.
-func unfinishedCommit(jr *journal.Journal, since uint64) ([]string, error) {
-	var pending []string
-	err := jr.Scan(since, func(r journal.Record) error {
-		rec, err := overlay.DecodeRecord(r.Seq, r.Payload)
-		if err != nil {
-			return nil // not an engine record; nothing to finish
-		}
-		switch rec.Op {
-		case "commit_begin":
-			pending = nil
-			json.Unmarshal([]byte(rec.Detail), &pending)
-		case "commit_end":
-			pending = nil
-		}
-		return nil
-	})
-	return pending, err
-}
-
-func newSessionID() string {
-	var b [8]byte
-	f, err := os.Open("/dev/urandom")
-	if err == nil {
-		f.Read(b[:])
-		f.Close()
-	}
-	return fmt.Sprintf("sess_%x", b)
 }

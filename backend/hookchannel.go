@@ -1,4 +1,4 @@
-package main
+package backend
 
 // The daemon's side of the hook channel (control/hooks.go): the agents'
 // hooks start turns and bracket tool calls with snapshots through it, and
@@ -13,7 +13,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -46,12 +45,13 @@ type hookScope struct {
 	ending   bool     // its end came while the shell still ran: closes at its exit
 }
 
-// hookChannel keeps what the hooks of agents' sessions have started.
+// HookChannel answers the hook channel's methods (control.HookBackend)
+// and keeps what the hooks of agents' sessions have started.
 //
 // Lock order: mu before the engine's locks (it calls the engine with mu
 // held, so that a start and an end of one tool call cannot cross).
-type hookChannel struct {
-	b    *backend
+type HookChannel struct {
+	b    *Backend
 	logf func(format string, args ...any)
 
 	mu     sync.Mutex
@@ -66,29 +66,16 @@ type hookSession struct {
 	open []string
 }
 
-func newHookChannel(b *backend, logf func(string, ...any)) *hookChannel {
-	return &hookChannel{b: b, logf: logf, scopes: map[string]*hookScope{}, sessions: map[string]*hookSession{}}
-}
+var _ control.HookBackend = (*HookChannel)(nil)
 
-// serve listens on the hook channel's abstract socket and answers the hook
-// methods there until the server is closed.
-func (h *hookChannel) serve(name string) (*control.Server, error) {
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: name, Net: "unix"})
-	if err != nil {
-		return nil, fmt.Errorf("hook channel %s: %w", name, err)
-	}
-	s := control.NewServer(nil, control.ServerOptions{Logf: h.logf, MaxLineBytes: 1 << 20})
-	s.Handle(control.MethodHookTurn, control.Typed(h.turn))
-	s.Handle(control.MethodHookToolCallStart, control.Typed(h.start))
-	s.Handle(control.MethodHookToolCallBind, control.Typed(h.bind))
-	s.Handle(control.MethodHookToolCallEnd, control.Typed(h.end))
-	s.Handle(control.MethodHookSessionEnd, control.Typed(h.sessionEnd))
-	go s.Serve(l)
-	return s, nil
+// NewHookChannel returns the hook channel's side of b; logf gets what goes
+// wrong with no client to tell.
+func NewHookChannel(b *Backend, logf func(string, ...any)) *HookChannel {
+	return &HookChannel{b: b, logf: logf, scopes: map[string]*hookScope{}, sessions: map[string]*hookSession{}}
 }
 
 // session returns the session's state, making it when there is room.
-func (h *hookChannel) session(id string) (*hookSession, error) {
+func (h *HookChannel) session(id string) (*hookSession, error) {
 	s := h.sessions[id]
 	if s == nil {
 		if len(h.sessions) >= maxHookSessions {
@@ -100,7 +87,7 @@ func (h *hookChannel) session(id string) (*hookSession, error) {
 	return s, nil
 }
 
-func (h *hookChannel) turn(ctx context.Context, p control.HookTurnParams) (control.TurnInfo, error) {
+func (h *HookChannel) HookTurn(ctx context.Context, p control.HookTurnParams) (control.TurnInfo, error) {
 	// An agent may submit more than once under one prompt's id (Claude
 	// Code reports a background command's end as a prompt with the id of
 	// the prompt that started it): that prompt's turn goes on, and is
@@ -112,10 +99,10 @@ func (h *hookChannel) turn(ctx context.Context, p control.HookTurnParams) (contr
 			}
 		}
 	}
-	return h.b.turn(ctx, control.TurnParams{TurnID: p.TurnID, Label: p.Label})
+	return h.b.Turn(ctx, control.TurnParams{TurnID: p.TurnID, Label: p.Label})
 }
 
-func (h *hookChannel) start(ctx context.Context, p control.HookToolCallStartParams) (control.HookToolCallStartResult, error) {
+func (h *HookChannel) HookToolCallStart(ctx context.Context, p control.HookToolCallStartParams) (control.HookToolCallStartResult, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if len(h.scopes) >= maxHookScopes {
@@ -166,7 +153,7 @@ func (h *hookChannel) start(ctx context.Context, p control.HookToolCallStartPara
 	return control.HookToolCallStartResult{ScopeID: scope}, nil
 }
 
-func (h *hookChannel) bind(ctx context.Context, p control.HookToolCallBindParams) (control.HookToolCallBindResult, error) {
+func (h *HookChannel) HookToolCallBind(ctx context.Context, scopeID string) (control.HookToolCallBindResult, error) {
 	peer, ok := control.PeerFrom(ctx)
 	if !ok || peer.Pid <= 0 {
 		return control.HookToolCallBindResult{}, errors.New("the caller's process is unknown")
@@ -177,12 +164,12 @@ func (h *hookChannel) bind(ctx context.Context, p control.HookToolCallBindParams
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	hs := h.scopes[p.ScopeID]
+	hs := h.scopes[scopeID]
 	if hs == nil || !hs.prepared {
-		return control.HookToolCallBindResult{}, control.Errorf(control.CodeNotFound, "no tool call %q is waiting for its command", p.ScopeID)
+		return control.HookToolCallBindResult{}, control.Errorf(control.CodeNotFound, "no tool call %q is waiting for its command", scopeID)
 	}
-	if _, err := h.b.eng.OpenLabeledSnapshot(p.ScopeID, h.b.eng.CurrentTurn(), hs.label, shell, nil); err != nil {
-		return control.HookToolCallBindResult{}, snapshotError(p.ScopeID, err)
+	if _, err := h.b.eng.OpenLabeledSnapshot(scopeID, h.b.eng.CurrentTurn(), hs.label, shell, nil); err != nil {
+		return control.HookToolCallBindResult{}, snapshotError(scopeID, err)
 	}
 	hs.prepared = false
 	// The pidfd says when the command's shell has gone, even after its pid
@@ -197,15 +184,15 @@ func (h *hookChannel) bind(ctx context.Context, p control.HookToolCallBindParams
 		// background is reported started at once): it follows its shell
 		// from here, or stops now if it cannot.
 		if hs.bound != nil {
-			go h.closeAtExit(p.ScopeID, hs.bound)
+			go h.closeAtExit(scopeID, hs.bound)
 		} else {
-			h.closeLocked(p.ScopeID)
+			h.closeLocked(scopeID)
 		}
 	}
-	return control.HookToolCallBindResult{ScopeID: p.ScopeID, Pid: shell}, nil
+	return control.HookToolCallBindResult{ScopeID: scopeID, Pid: shell}, nil
 }
 
-func (h *hookChannel) end(ctx context.Context, p control.HookToolCallEndParams) (control.HookToolCallEndResult, error) {
+func (h *HookChannel) HookToolCallEnd(ctx context.Context, p control.HookToolCallEndParams) (control.HookToolCallEndResult, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.endLocked(p.SessionID, p.ScopeID)
@@ -213,7 +200,7 @@ func (h *hookChannel) end(ctx context.Context, p control.HookToolCallEndParams) 
 
 // endLocked ends the tool call scope, or the session's oldest open one.
 // Only tool calls this channel started are ended.
-func (h *hookChannel) endLocked(session, scope string) (control.HookToolCallEndResult, error) {
+func (h *HookChannel) endLocked(session, scope string) (control.HookToolCallEndResult, error) {
 	if scope == "" {
 		sess := h.sessions[session]
 		if sess == nil || len(sess.open) == 0 {
@@ -256,7 +243,7 @@ func (h *hookChannel) endLocked(session, scope string) (control.HookToolCallEndR
 
 // closeLocked closes a tool call's snapshot now (a prepared one never
 // opened) and forgets it.
-func (h *hookChannel) closeLocked(scope string) error {
+func (h *HookChannel) closeLocked(scope string) error {
 	hs := h.scopes[scope]
 	delete(h.scopes, scope)
 	h.forget(hs.session, scope)
@@ -273,7 +260,7 @@ func (h *hookChannel) closeLocked(scope string) error {
 }
 
 // forget takes scope off its session's list of open tool calls.
-func (h *hookChannel) forget(session, scope string) {
+func (h *HookChannel) forget(session, scope string) {
 	sess := h.sessions[session]
 	if sess == nil {
 		return
@@ -286,13 +273,13 @@ func (h *hookChannel) forget(session, scope string) {
 	}
 }
 
-func (h *hookChannel) sessionEnd(ctx context.Context, p control.HookSessionEndParams) (control.HookSessionEndResult, error) {
+func (h *HookChannel) HookSessionEnd(ctx context.Context, sessionID string) (control.HookSessionEndResult, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	res := control.HookSessionEndResult{Closed: []string{}}
-	sess := h.sessions[p.SessionID]
+	sess := h.sessions[sessionID]
 	for sess != nil && len(sess.open) > 0 {
-		r, err := h.endLocked(p.SessionID, sess.open[0])
+		r, err := h.endLocked(sessionID, sess.open[0])
 		if err != nil {
 			return res, err
 		}
@@ -304,7 +291,7 @@ func (h *hookChannel) sessionEnd(ctx context.Context, p control.HookSessionEndPa
 }
 
 // closeAtExit closes scope's snapshot once the process behind pidfd exits.
-func (h *hookChannel) closeAtExit(scope string, pidfd *os.File) {
+func (h *HookChannel) closeAtExit(scope string, pidfd *os.File) {
 	if rc, err := pidfd.SyscallConn(); err == nil {
 		// Read waits in the runtime's poller until the pidfd is readable,
 		// which it is once the process has exited.

@@ -1,0 +1,103 @@
+package backend
+
+// fs/read_text and fs/safe_text_patch: a host reads a file as the mount
+// shows it and writes it back only if nobody changed it in between (a
+// compare-and-swap on its sha256), with whole new content or edits that
+// must each match exactly once.
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"unicode/utf8"
+
+	"stagefs/control"
+	"stagefs/overlay"
+)
+
+// contentHash names content the way the protocol does: "sha256:" and the
+// hex digest.
+func contentHash(b []byte) string {
+	s := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(s[:])
+}
+
+func (b *Backend) ReadText(ctx context.Context, path string) (control.ReadTextResult, error) {
+	rel, err := b.relPath(path)
+	if err != nil {
+		return control.ReadTextResult{}, err
+	}
+	data, exists, err := b.eng.ReadFile(rel)
+	if err != nil {
+		return control.ReadTextResult{}, fileError(path, err)
+	}
+	res := control.ReadTextResult{Path: rel, Exists: exists}
+	if exists && !utf8.Valid(data) {
+		return control.ReadTextResult{}, control.Errorf(control.CodeInvalidParams, "%s is not UTF-8 text (%d bytes); read it through the mount", path, len(data))
+	}
+	if exists {
+		res.Content, res.SHA256, res.Size = string(data), contentHash(data), int64(len(data))
+	}
+	return res, nil
+}
+
+func (b *Backend) SafeTextPatch(ctx context.Context, p control.SafeTextPatchParams) (control.SafeTextPatchResult, error) {
+	rel, err := b.relPath(p.Path)
+	if err != nil {
+		return control.SafeTextPatchResult{}, err
+	}
+	want := strings.ToLower(p.ExpectedHash)
+	if want != "" && !strings.HasPrefix(want, "sha256:") {
+		want = "sha256:" + want
+	}
+	var res control.SafeTextPatchResult
+	err = b.eng.PatchFile(rel, hostEdit(ctx), func(cur []byte, exists bool) ([]byte, bool, error) {
+		curHash := ""
+		if exists {
+			curHash = contentHash(cur)
+		}
+		if curHash != want {
+			res = control.SafeTextPatchResult{Result: control.PatchStaleBase, SHA256: curHash, Size: int64(len(cur))}
+			return nil, false, nil
+		}
+		var next []byte
+		if p.Content != nil {
+			next = []byte(*p.Content)
+		} else {
+			text := string(cur)
+			for i, e := range p.Edits {
+				if e.OldText == "" {
+					return nil, false, control.Errorf(control.CodeInvalidParams, "edits[%d].oldText is empty", i)
+				}
+				if n := strings.Count(text, e.OldText); n != 1 {
+					return nil, false, control.Errorf(control.CodeInvalidParams, "edits[%d].oldText occurs %d times in %s; it must occur exactly once", i, n, p.Path)
+				}
+				text = strings.Replace(text, e.OldText, e.NewText, 1)
+			}
+			next = []byte(text)
+		}
+		if exists && bytes.Equal(next, cur) {
+			res = control.SafeTextPatchResult{Result: control.PatchNoOp, SHA256: curHash, Size: int64(len(cur))}
+			return nil, false, nil
+		}
+		res = control.SafeTextPatchResult{Result: control.PatchApplied, SHA256: contentHash(next), Size: int64(len(next))}
+		return next, true, nil
+	})
+	if errors.Is(err, overlay.ErrBusy) {
+		return control.SafeTextPatchResult{}, control.Errorf(control.CodeBusy, "%s: %v; try again when it is closed", p.Path, err)
+	}
+	if err != nil {
+		var ce *control.Error
+		if errors.As(err, &ce) {
+			return control.SafeTextPatchResult{}, err
+		}
+		return control.SafeTextPatchResult{}, fileError(p.Path, err)
+	}
+	if res.Result == control.PatchApplied {
+		b.invalidate([]string{rel})
+	}
+	return res, nil
+}

@@ -1,0 +1,69 @@
+package overlay
+
+import (
+	"encoding/json"
+	"strings"
+
+	"stagefs/journal"
+)
+
+// Reading the engine's records back from the journal. The journal frames
+// and recovers records without knowing what they say; what they say is
+// the engine's (record.go writes them), so the engine reads them too:
+// for the log a host asks for, and for a commit a crash interrupted.
+
+// ScanRecords calls fn with each of the engine's records after since,
+// oldest first, that touches one of paths (or a path below one), or with
+// every record when paths is empty. Payloads that are not the engine's
+// records are skipped. An error from fn ends the scan and is returned.
+func ScanRecords(j *journal.Journal, since uint64, paths []string, fn func(Record) error) error {
+	return j.Scan(since, func(r journal.Record) error {
+		rec, err := DecodeRecord(r.Seq, r.Payload)
+		if err != nil {
+			return nil
+		}
+		if len(paths) > 0 && !touches(rec, paths) {
+			return nil
+		}
+		return fn(rec)
+	})
+}
+
+// touches reports whether a record concerns one of the paths (or a path
+// below one of them).
+func touches(r Record, paths []string) bool {
+	for _, q := range paths {
+		for _, p := range []string{r.Path, r.Path2} {
+			if p != "" && (q == "" || p == q || strings.HasPrefix(p, q+"/")) {
+				return true
+			}
+		}
+		if strings.Contains(r.Detail, `"`+q) {
+			return true // commit and discard list their paths in Detail
+		}
+	}
+	return false
+}
+
+// UnfinishedCommit returns the paths of the last commit the journal shows
+// begun but not ended after since (a crash in the middle), for Recover to
+// finish. since may be the journal's checkpoint: none is taken with a
+// commit in flight.
+func UnfinishedCommit(j *journal.Journal, since uint64) ([]string, error) {
+	var pending []string
+	err := j.Scan(since, func(r journal.Record) error {
+		rec, err := DecodeRecord(r.Seq, r.Payload)
+		if err != nil {
+			return nil // not an engine record; nothing to finish
+		}
+		switch rec.Op {
+		case "commit_begin":
+			pending = nil
+			json.Unmarshal([]byte(rec.Detail), &pending)
+		case "commit_end":
+			pending = nil
+		}
+		return nil
+	})
+	return pending, err
+}
