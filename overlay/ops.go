@@ -1479,12 +1479,9 @@ func (e *Engine) setattrLocked(p string, fd int, a SetAttr, c Caller) (*syscall.
 			return nil, err
 		}
 		if m.Kind == KindDir && m.Container {
-			nm := *m
-			nm.Container, nm.Pid, nm.Comm = false, c.Pid, c.Comm
-			if err := e.writeMeta(p, &nm); err != nil {
+			if err := e.containerChanged(p, l, m, c); err != nil {
 				return nil, err
 			}
-			*m = nm
 		} else if err := e.changedBy(p, m, c, a.Size != nil); err != nil {
 			return nil, err
 		}
@@ -1603,6 +1600,41 @@ func (l layer) truncate(rel string, size int64) error {
 	return unix.Ftruncate(fd, size)
 }
 
+// inPlaceContainer reports whether l is a container directory at the
+// place of its workspace directory.
+func inPlaceContainer(l loc) bool {
+	return l.m != nil && l.m.Kind == KindDir && l.m.Container && l.m.Redirect == "" && l.hasBase
+}
+
+// containerChanged makes the container directory p a change of its own
+// (its mode, owner, times or xattrs are about to change). Its xattrs are
+// taken from the workspace directory again first: until now the view
+// showed those (see xattrTarget), not the copy made with the container.
+func (e *Engine) containerChanged(p string, l loc, m *meta, c Caller) error {
+	if inPlaceContainer(l) && e.baseStat(l) != nil {
+		err := e.upper.withParent(p, func(dirfd int, name string) error {
+			fd, err := openatRetry(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			eachXattr(e.upper, p, func(name string, _ []byte) { unix.Fremovexattr(fd, name) })
+			copyXattrs(e.base, l.basePath, fd)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	nm := *m
+	nm.Container, nm.Pid, nm.Comm = false, c.Pid, c.Comm
+	if err := e.writeMeta(p, &nm); err != nil {
+		return err
+	}
+	*m = nm
+	return nil
+}
+
 // shareSpecialMode gives the mode of the special p (kept in its meta, not
 // on its upper file) to its other names: it belongs to the inode they
 // share. Only a special with more than one name pays for the search.
@@ -1676,11 +1708,17 @@ func (e *Engine) Listxattr(p string) ([]byte, error) {
 
 // xattrTarget returns where p's xattrs are kept: on its upper entry when
 // it is staged (a symlink's or special's upper file holds theirs too), else
-// on the workspace's entry.
+// on the workspace's entry, as for a container in its place, which only
+// holds changes below it and shows the workspace directory's own xattrs as
+// they are. (A container moved elsewhere, Redirect set, shows the copy
+// made with it, which the move carried along.)
 func (e *Engine) xattrTarget(p string) (layer, string, error) {
 	l, err := e.locate(p)
 	if err != nil {
 		return layer{}, "", err
+	}
+	if inPlaceContainer(l) && e.baseStat(l) != nil {
+		return e.base, l.basePath, nil
 	}
 	if l.m != nil {
 		if l.deleted() {
@@ -1739,12 +1777,9 @@ func (e *Engine) changeXattr(p, attr string, c Caller, op string, fn func(layer,
 			return syscall.EPERM
 		}
 		if m.Kind == KindDir && m.Container {
-			nm := *m
-			nm.Container, nm.Pid, nm.Comm = false, c.Pid, c.Comm
-			if err := e.writeMeta(p, &nm); err != nil {
+			if err := e.containerChanged(p, l, m, c); err != nil {
 				return err
 			}
-			*m = nm
 		} else if err := e.changedBy(p, m, c, false); err != nil {
 			return err
 		}

@@ -293,3 +293,28 @@ func TestRemovedDirectoryHeldOpen(t *testing.T) {
 		m.mustCLI("commit")
 	}
 }
+
+// A directory that only holds pending changes shows the workspace
+// directory's xattrs as they are now, and once changed through the mount
+// it starts from those, so a commit does not put back older ones.
+func TestContainerDirectoryXattrsAreLive(t *testing.T) {
+	parallel(t)
+	requireTool(t, "setfattr")
+	requireTool(t, "getfattr")
+	m := mountStagefs(t, withFiles(map[string]string{"d/f": "f\n"}))
+	sh(t, m.ws, `setfattr -n user.first -v 1 d`)
+	sh(t, m.mnt, `echo new > d/new`) // d now holds a pending change
+	sh(t, m.ws, `setfattr -n user.first -v 2 d; setfattr -n user.later -v 3 d`)
+	dump := `getfattr --absolute-names -d d | grep user. | sort`
+	if got := sh(t, m.mnt, dump); got != "user.first=\"2\"\nuser.later=\"3\"\n" {
+		t.Fatalf("xattrs of a directory holding changes, in the view: %q", got)
+	}
+	sh(t, m.mnt, `setfattr -n user.mine -v 4 d`)
+	if got := sh(t, m.mnt, dump); got != "user.first=\"2\"\nuser.later=\"3\"\nuser.mine=\"4\"\n" {
+		t.Fatalf("after setting one through the mount: %q", got)
+	}
+	m.mustCLI("commit")
+	if got := sh(t, m.ws, dump); got != "user.first=\"2\"\nuser.later=\"3\"\nuser.mine=\"4\"\n" {
+		t.Fatalf("in the workspace after the commit: %q", got)
+	}
+}
