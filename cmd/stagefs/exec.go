@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -13,7 +12,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
-	"time"
 
 	"github.com/spf13/pflag"
 
@@ -59,29 +57,7 @@ func runExec(ctx context.Context, args []string) error {
 	// only in where the command runs.
 	res := runResult{Workdir: dir}
 	code := runInMount(rest, dir, &res)
-	bg, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := closeRunSnapshot(bg, c, scope, &res); err != nil {
-		res.Error = fmt.Sprintf("closing the snapshot %s: %v (the daemon may have stopped: mount again, nothing staged is lost)", scope, err)
-		fmt.Fprintf(os.Stderr, "stagefs exec: %s\n", res.Error)
-		if code == 0 {
-			code = exitError
-		}
-	} else if !cf.json {
-		printRunSummary(scope, *res.Snapshot, res.Changes)
-	}
-	res.ExitCode = code
-	if cf.json {
-		b, err := json.Marshal(res)
-		if err != nil {
-			return err
-		}
-		fmt.Printf("\n%s\n", b)
-	}
-	if code != 0 {
-		return &exitStatus{code}
-	}
-	return nil
+	return finishRun("exec", c, scope, code, &res, cf.json)
 }
 
 // runInMount runs argv in dir, in this mount namespace, and returns its

@@ -92,28 +92,35 @@ func runRun(ctx context.Context, args []string) error {
 		}
 		return err
 	}
+	return finishRun("run", c, scope, code, &res, cf.json)
+}
 
+// finishRun ends a run or exec of a command that exited with code: it
+// closes the command's snapshot (scope, "" for none), prints the summary
+// or the JSON result, and returns the status the CLI exits with.
+func finishRun(name string, c *control.Client, scope string, code int, res *runResult, asJSON bool) error {
 	if scope != "" {
-		// Not ctx: a signal we forwarded may have cancelled it, and the
-		// snapshot must be closed all the same. A failure here is only
-		// reported: CMD's exit status is what the caller needs most.
+		// Not the command's context: a signal we forwarded may have
+		// cancelled it, and the snapshot must be closed all the same. A
+		// failure here is only reported: CMD's exit status is what the
+		// caller needs most.
 		bg, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := closeRunSnapshot(bg, c, scope, &res); err != nil {
+		if err := closeRunSnapshot(bg, c, scope, res); err != nil {
 			// The daemon died or the mount went away while CMD ran: what
 			// CMD did was not captured as promised, so the run failed,
 			// whatever CMD's own status.
 			res.Error = fmt.Sprintf("closing the snapshot %s: %v (the daemon may have stopped: mount again, nothing staged is lost)", scope, err)
-			fmt.Fprintf(os.Stderr, "stagefs run: %s\n", res.Error)
+			fmt.Fprintf(os.Stderr, "stagefs %s: %s\n", name, res.Error)
 			if code == 0 {
 				code = exitError
 			}
-		} else if !cf.json {
+		} else if !asJSON {
 			printRunSummary(scope, *res.Snapshot, res.Changes)
 		}
 	}
 	res.ExitCode = code
-	if cf.json {
+	if asJSON {
 		// CMD's output, then a newline, then one line of JSON: a host
 		// recovers CMD's exact output by cutting the last line and the
 		// newline before it.
