@@ -2,7 +2,6 @@ package fusefs
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -89,48 +88,12 @@ func (a *anonNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrO
 }
 
 func (a *anonNode) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	if sz, ok := in.GetSize(); ok {
-		if err := unix.Ftruncate(a.fd, int64(sz)); err != nil {
-			return toErrno(err)
-		}
+	errno := setAttrFd(a.fd, setAttrOf(in), &out.Attr)
+	out.Ino = a.StableAttr().Ino
+	if errno == 0 {
+		a.changed()
 	}
-	uid, gid := -1, -1
-	if v, ok := in.GetUID(); ok {
-		uid = int(v)
-	}
-	if v, ok := in.GetGID(); ok {
-		gid = int(v)
-	}
-	if uid != -1 || gid != -1 {
-		if err := unix.Fchown(a.fd, uid, gid); err != nil {
-			return toErrno(err)
-		}
-	}
-	if m, ok := in.GetMode(); ok {
-		if err := unix.Fchmod(a.fd, m&0o7777); err != nil {
-			return toErrno(err)
-		}
-	}
-	if in.Valid&(fuse.FATTR_ATIME|fuse.FATTR_MTIME) != 0 {
-		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_OMIT}}
-		if in.Valid&fuse.FATTR_ATIME != 0 {
-			ts[0] = unix.Timespec{Sec: int64(in.Atime), Nsec: int64(in.Atimensec)}
-			if in.Valid&fuse.FATTR_ATIME_NOW != 0 {
-				ts[0] = unix.Timespec{Nsec: unix.UTIME_NOW}
-			}
-		}
-		if in.Valid&fuse.FATTR_MTIME != 0 {
-			ts[1] = unix.Timespec{Sec: int64(in.Mtime), Nsec: int64(in.Mtimensec)}
-			if in.Valid&fuse.FATTR_MTIME_NOW != 0 {
-				ts[1] = unix.Timespec{Nsec: unix.UTIME_NOW}
-			}
-		}
-		if err := unix.UtimesNanoAt(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", a.fd), ts, 0); err != nil {
-			return toErrno(err)
-		}
-	}
-	a.changed()
-	return a.stat(&out.Attr)
+	return errno
 }
 
 // Open serves an open of the file through /proc/self/fd of a descriptor

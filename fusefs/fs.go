@@ -365,6 +365,59 @@ func sameAttr(a *fuse.Attr, st *syscall.Stat_t) bool {
 }
 
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	a := setAttrOf(in)
+	fd := -1
+	h, isHandle := asHandle(f)
+	if isHandle && h.f.Writable {
+		fd = h.f.Fd
+	}
+	st, err := n.sys.eng.Setattr(n.path(), fd, a, n.sys.caller(ctx))
+	if err == syscall.ENOENT {
+		// futimens, fchmod or ftruncate of a file removed while open
+		// (another process's rm): it has no path, only a descriptor, as
+		// on a local disk. The kernel names the handle only for a
+		// truncate.
+		handles := []*handle{h}
+		if !isHandle {
+			handles = n.openHandles()
+		}
+		for _, h := range handles {
+			if errno, ok := n.setAttrThrough(h, a, out); ok {
+				return errno
+			}
+		}
+	}
+	if err != nil {
+		return toErrno(err)
+	}
+	out.FromStat(st)
+	// go-fuse sets no timeout on SETATTR replies; without one the kernel
+	// asks again (GETATTR) before the next chown or chmod, which tar
+	// sends right after setting the times.
+	out.SetTimeout(n.sys.attrTimeout(n.path(), st))
+	return 0
+}
+
+// setAttrThrough applies a to the file h has open, unless h was released
+// since openHandles returned it (another process's close; ok false): h.mu
+// orders this after or before the whole Release, which closes the
+// descriptor.
+func (n *node) setAttrThrough(h *handle, a overlay.SetAttr, out *fuse.AttrOut) (errno syscall.Errno, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n.io.mu.Lock()
+	_, open := n.io.open[h]
+	n.io.mu.Unlock()
+	if !open {
+		return 0, false
+	}
+	errno = setAttrFd(h.f.Fd, a, &out.Attr)
+	out.Ino = n.StableAttr().Ino
+	return errno, true
+}
+
+// setAttrOf reads a SETATTR request's changes.
+func setAttrOf(in *fuse.SetAttrIn) overlay.SetAttr {
 	var a overlay.SetAttr
 	if m, ok := in.GetMode(); ok {
 		a.Mode = &m
@@ -394,19 +447,53 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 		}
 		a.Mtime = &ts
 	}
-	fd := -1
-	if h, ok := asHandle(f); ok && h.f.Writable {
-		fd = h.f.Fd
+	return a
+}
+
+// setAttrFd applies a to the open file fd, which has no path to go by,
+// and reports its attributes in out; the caller sets the inode number the
+// node shows.
+func setAttrFd(fd int, a overlay.SetAttr, out *fuse.Attr) syscall.Errno {
+	if a.Size != nil {
+		if err := unix.Ftruncate(fd, int64(*a.Size)); err != nil {
+			return toErrno(err)
+		}
 	}
-	st, err := n.sys.eng.Setattr(n.path(), fd, a, n.sys.caller(ctx))
-	if err != nil {
+	if a.Uid != nil || a.Gid != nil {
+		uid, gid := -1, -1
+		if a.Uid != nil {
+			uid = int(*a.Uid)
+		}
+		if a.Gid != nil {
+			gid = int(*a.Gid)
+		}
+		if err := unix.Fchown(fd, uid, gid); err != nil {
+			return toErrno(err)
+		}
+	}
+	if a.Mode != nil {
+		if err := unix.Fchmod(fd, *a.Mode&0o7777); err != nil {
+			return toErrno(err)
+		}
+	}
+	if a.Atime != nil || a.Mtime != nil {
+		omit := unix.Timespec{Nsec: unix.UTIME_OMIT}
+		ts := []unix.Timespec{omit, omit}
+		if a.Atime != nil {
+			ts[0] = *a.Atime
+		}
+		if a.Mtime != nil {
+			ts[1] = *a.Mtime
+		}
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), ts, 0); err != nil {
+			return toErrno(err)
+		}
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
 		return toErrno(err)
 	}
-	out.FromStat(st)
-	// go-fuse sets no timeout on SETATTR replies; without one the kernel
-	// asks again (GETATTR) before the next chown or chmod, which tar
-	// sends right after setting the times.
-	out.SetTimeout(n.sys.attrTimeout(n.path(), st))
+	out.FromStat(&st)
 	return 0
 }
 
@@ -418,6 +505,13 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		hold = n.sys.hold(n, "", c.Pid)
 	}
 	f, err := n.sys.eng.Open(p, int(flags), c)
+	if err == syscall.ENOENT {
+		// The name the kernel found was removed since (another
+		// process's rm): ESTALE makes it walk the path again, asking
+		// afresh, so an open with O_CREAT creates the file as on a
+		// local disk instead of failing with ENOENT.
+		err = syscall.ESTALE
+	}
 	if err != nil {
 		n.sys.unhold(hold)
 		return nil, 0, toErrno(err)

@@ -64,6 +64,9 @@ type ioModes struct {
 	pages   pageStamp
 	settled bool
 	mixed   bool
+	// open holds the node's open handles, for a SETATTR the kernel sends
+	// without one (futimens, fchmod) of a file whose path is gone.
+	open map[*handle]struct{}
 }
 
 // pageStamp identifies one version of a file's content: a write changes
@@ -180,6 +183,10 @@ func (n *node) admit(h *handle) syscall.Errno {
 		n.sys.retire(n)
 		return syscall.ESTALE
 	}
+	if m.open == nil {
+		m.open = map[*handle]struct{}{}
+	}
+	m.open[h] = struct{}{}
 	return 0
 }
 
@@ -191,7 +198,19 @@ func (n *node) release(h *handle) {
 	} else {
 		n.io.cached--
 	}
+	delete(n.io.open, h)
 	n.io.mu.Unlock()
+}
+
+// openHandles returns the handles open on n.
+func (n *node) openHandles() []*handle {
+	n.io.mu.Lock()
+	defer n.io.mu.Unlock()
+	hs := make([]*handle, 0, len(n.io.open))
+	for h := range n.io.open {
+		hs = append(hs, h)
+	}
+	return hs
 }
 
 // passthroughIno returns the upper inode of f when the kernel may read and
