@@ -123,6 +123,12 @@ type commitRun struct {
 	dirsMade  map[string]bool         // directories applyDir has made or updated in this commit
 	pending   []preparedFile          // files written under temporary names
 	prepared  map[uint64]preparedFile // upper inode -> its first prepared name (hard links)
+	// heldDeleted: directories moved and then deleted whose deletion
+	// waits for the renames (one of them takes a directory out of it).
+	heldDeleted []string
+	// movedDeletedSrcs: the sources of the directories moved and then
+	// deleted (see movedDeletedFrom); nil until needed.
+	movedDeletedSrcs map[string]bool
 
 	progress *progress // counts the steps, for a watching client
 
@@ -155,14 +161,33 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool) CommitResult
 	// has it, before any rename: its place may be another's destination,
 	// and its destination's parent may not exist.
 	handled := map[string]bool{}
+	// Deepest source first: one moved into the other's source before
+	// both were deleted (mv a/b c; mv a d; rm -r c d) empties its
+	// workspace directory first.
+	r.deletesFirst(movedDeleted)
 	for _, p := range movedDeleted {
+		if r.holdsRenameSource(p, redirects) {
+			// Unless another rename still has to take a directory out
+			// of it (mv a/b c; mv a c/a; rm -r c/a): the whiteout that
+			// rename left below p stands for the directory that goes
+			// to c, and deleting it now would leave that rename
+			// nothing to move. These deletions then run with the
+			// others, after the renames; until then the workspace
+			// directory blocks renames into its place like a rename
+			// source does (heldDeleted).
+			r.heldDeleted = append(r.heldDeleted, p)
+			continue
+		}
 		var below []string
 		for _, q := range sel {
 			if q == p || strings.HasPrefix(q, p+"/") {
 				below = append(below, q)
 			}
 		}
-		sort.SliceStable(below, func(i, j int) bool { return depth(below[i]) > depth(below[j]) })
+		// Deepest in the workspace first: a directory moved into
+		// another moved one is deeper in the view than where the
+		// workspace has it.
+		r.deletesFirst(below)
 		for _, q := range below {
 			if m := e.index[q]; m != nil && (m.Kind == KindWhiteout || m.Deleted) && !handled[q] {
 				r.do(q, r.applyDelete)
@@ -244,7 +269,7 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool) CommitResult
 			files = append(files, p)
 		}
 	}
-	sort.SliceStable(deletes, func(i, j int) bool { return depth(deletes[i]) > depth(deletes[j]) })
+	r.deletesFirst(deletes)
 	for _, p := range deletes {
 		r.do(p, r.applyDelete)
 	}
@@ -307,9 +332,11 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool) CommitResult
 }
 
 // blockedBy returns the source of another pending rename that p's
-// destination is, or lies inside, ("" when none).
+// destination is, or lies inside, ("" when none). The workspace directory
+// of a held deletion blocks the same way: it is still there (mv a c; mv
+// c/b a; rm -r c must move a aside before c/b can become a).
 func (r *commitRun) blockedBy(p string, pending []string) string {
-	for _, q := range pending {
+	for _, q := range append(pending[:len(pending):len(pending)], r.heldDeleted...) {
 		if q == p || r.failed[q] {
 			continue
 		}
@@ -318,6 +345,18 @@ func (r *commitRun) blockedBy(p string, pending []string) string {
 		}
 	}
 	return ""
+}
+
+// holdsRenameSource reports whether the workspace directory of p, a
+// directory moved and then deleted, holds the source of one of redirects.
+func (r *commitRun) holdsRenameSource(p string, redirects []string) bool {
+	src := r.e.index[p].Redirect
+	for _, q := range redirects {
+		if m := r.e.index[q]; m != nil && m.Redirect != src && isUnder(m.Redirect, src) {
+			return true
+		}
+	}
+	return false
 }
 
 // underAny reports whether p lies below one of dirs.
@@ -406,18 +445,25 @@ func (r *commitRun) checkSource(m *meta, sst *syscall.Stat_t) error {
 // src, the old place of the directory behind the rename m, once that
 // directory has left it (by a move aside): the entry replaces nothing
 // any more, and its commit must not look for the directory there.
+//
+// The entry is found by the workspace path it stands for, not by its view
+// path: it may have moved since with a renamed parent (mv a/b c; mkdir
+// a/b; mv a c/a: the new directory is c/a/b in the view, still a/b in the
+// workspace until c/a's rename is applied), and its baseline would then
+// expect, at its new place, the directory that went to c.
 func (r *commitRun) forgetMovedBase(src string, m *meta) error {
 	e := r.e
-	sm := e.index[src]
-	if sm == nil || sm.Kind == KindWhiteout || !e.isBaseOf(sm.Base, m.Ino) {
-		return nil
+	for q, sm := range e.index {
+		if sm == m || sm.Kind == KindWhiteout || !e.isBaseOf(sm.Base, m.Ino) || e.basePathOf(q) != src {
+			continue
+		}
+		nm := *sm
+		nm.Base = Baseline{}
+		if err := e.writeMeta(q, &nm); err != nil {
+			return err
+		}
+		*sm = nm
 	}
-	nm := *sm
-	nm.Base = Baseline{}
-	if err := e.writeMeta(src, &nm); err != nil {
-		return err
-	}
-	*sm = nm
 	return nil
 }
 
@@ -599,6 +645,7 @@ func (r *commitRun) movedAsideFrom(m *meta) (string, string) {
 // rewriteSources points the pending renames whose source is at or below
 // from to the same place below to (but skip).
 func (r *commitRun) rewriteSources(from, to string, skip *meta) error {
+	r.movedDeletedSrcs = nil
 	for q, om := range r.e.index {
 		if om != skip && om.Kind == KindDir && om.Redirect != "" && isUnder(om.Redirect, from) {
 			nm := *om
@@ -757,12 +804,38 @@ func (r *commitRun) finishRedirect(p string, m *meta, src string) error {
 	return nil
 }
 
+// deleteDepth is the depth of the workspace path that the deletion at p
+// removes.
+func (r *commitRun) deleteDepth(p string) int {
+	return depth(r.deletedRedirectBase(p))
+}
+
+// deletesFirst orders deletions deepest in the workspace first and, among
+// those as deep, deepest in the view: a directory moved and deleted below
+// another one (mv b a/b; mv a c; rm -r c) removes what the other's
+// workspace directory holds.
+func (r *commitRun) deletesFirst(ps []string) {
+	sort.SliceStable(ps, func(i, j int) bool {
+		di, dj := r.deleteDepth(ps[i]), r.deleteDepth(ps[j])
+		if di != dj {
+			return di > dj
+		}
+		return depth(ps[i]) > depth(ps[j])
+	})
+}
+
 func (r *commitRun) applyDelete(p string, m *meta) error {
 	e := r.e
 	if m.Kind == KindDir && m.Redirect != "" {
 		return r.deleteMovedDir(p, m)
 	}
 	bp := r.deletedRedirectBase(p)
+	if m.Kind == KindWhiteout && bp != p && r.movedDeletedFrom(bp) {
+		// The whiteout a move left at its source, inside a directory
+		// moved and deleted too: the moved directory's own deletion
+		// removes the workspace directory at bp, after its entries.
+		return nil
+	}
 	if bp != p && m.Base.Exists {
 		// Below a moved-then-deleted directory a whiteout hides either
 		// an entry of the moved directory (at the source) or one of the
@@ -778,6 +851,22 @@ func (r *commitRun) applyDelete(p string, m *meta) error {
 		return err
 	}
 	return r.removeBase(bp, st)
+}
+
+// movedDeletedFrom reports whether a pending directory moved and then
+// deleted has the workspace path bp as its source. The sources are
+// gathered once (rewriteSources starts over), so a commit of many
+// deletions does not walk the pending set for each.
+func (r *commitRun) movedDeletedFrom(bp string) bool {
+	if r.movedDeletedSrcs == nil {
+		r.movedDeletedSrcs = map[string]bool{}
+		for _, m := range r.e.index {
+			if m.Kind == KindDir && m.Deleted && m.Redirect != "" {
+				r.movedDeletedSrcs[m.Redirect] = true
+			}
+		}
+	}
+	return r.movedDeletedSrcs[bp]
 }
 
 // deleteMovedDir applies a directory moved and then deleted: the
@@ -797,8 +886,16 @@ func (r *commitRun) deleteMovedDir(p string, m *meta) error {
 	}
 	// What the source's own baseline describes is gone, as if moved away.
 	r.movedAway[src] = true
-	if st, _ := e.base.lstat(p); st != nil && m.Base.matches(st) && !e.isRenameSourceLocked(p) {
-		return r.removeBase(p, st)
+	// And what the pending set made there since (mv a b; mkdir a; rm -r
+	// b) replaces nothing now, also when it is committed later.
+	if err := r.forgetMovedBase(src, m); err != nil {
+		return err
+	}
+	// The directory the move replaced is where the workspace has p now:
+	// below a renamed parent not applied yet, at the parent's source.
+	at := e.basePathOf(p)
+	if st, _ := e.base.lstat(at); st != nil && m.Base.matches(st) && !e.isRenameSourceLocked(at) {
+		return r.removeBase(at, st)
 	}
 	return nil
 }
@@ -1322,6 +1419,53 @@ func (e *Engine) Discard(paths []string, c Caller) []string {
 // whose view changed and the files that got a new inode number.
 func (e *Engine) discardLocked(paths []string) (done, renumbered []string) {
 	sel := e.selectLocked(paths, true, discardAncestor)
+	// A discarded directory rename gives the directory back to its
+	// source. What stands there now goes too if it cannot merge with
+	// it (below): another directory renamed there (mv a b; mv c a), or
+	// a file. And what is below the renamed directory goes with it,
+	// so its partners come along: a whiteout there may be the source
+	// of another rename (mv a/b c; mv a c/b), which must go too, or a/b
+	// would show both in a and in c. The selection grows until it holds
+	// every such entry.
+	for {
+		more := e.occupiedSources(sel)
+		inSel := map[string]bool{}
+		for _, p := range sel {
+			inSel[p] = true
+		}
+		below := map[string]bool{}
+		for _, p := range sel {
+			if m := e.index[p]; m != nil && m.Kind == KindDir && m.Redirect != "" {
+				e.collect(p, below)
+			}
+		}
+		for q := range below {
+			if !inSel[q] {
+				more = append(more, q)
+			}
+		}
+		if len(more) == 0 {
+			break
+		}
+		sel = e.selectLocked(append(append([]string(nil), sel...), more...), true, discardAncestor)
+	}
+	// A deletion below a directory made anew (rm -r a; mkdir a) shows
+	// nothing either way, but it is what will empty the workspace
+	// directory when the new one is committed: it stays unless that
+	// directory goes too.
+	selected := map[string]bool{}
+	for _, p := range sel {
+		selected[p] = true
+	}
+	kept := sel[:0]
+	for _, p := range sel {
+		m := e.index[p]
+		deletion := m != nil && (m.Kind == KindWhiteout || m.Deleted && m.Redirect == "")
+		if !deletion || !e.underOpaqueKept(p, selected) {
+			kept = append(kept, p)
+		}
+	}
+	sel = kept
 	// A crash can stop a discard between any two of its steps, and
 	// nothing finishes a discard at the next start: every state in
 	// between must be a view that loses nothing. Dropping an entry that
@@ -1361,9 +1505,16 @@ func (e *Engine) discardLocked(paths []string) (done, renumbered []string) {
 		}
 		nm := *sm
 		nm.Opaque = false
+		// It is the workspace directory again, merged with what was
+		// made in it, and shows its number: a rename of it later is
+		// checked against the workspace by that number.
+		nm.Ino = m.Ino
 		if err := e.writeMeta(src, &nm); err != nil {
 			e.logf("discard: give %s its directory back: %v", src, err)
 			continue
+		}
+		if sm.Ino != nm.Ino {
+			renumbered = append(renumbered, src)
 		}
 		*sm = nm
 		if !inSel[src] {
@@ -1415,6 +1566,44 @@ func (e *Engine) discardLocked(paths []string) (done, renumbered []string) {
 		}
 	}
 	return done, renumbered
+}
+
+// occupiedSources returns the entries, not in sel, that stand at the
+// source of a directory rename in sel and replace the directory it moved,
+// unless they are directories made there anew (those merge with it).
+func (e *Engine) occupiedSources(sel []string) []string {
+	inSel := map[string]bool{}
+	srcs := map[string]uint64{} // workspace path -> the moved directory's number
+	for _, p := range sel {
+		inSel[p] = true
+		if m := e.index[p]; m != nil && m.Kind == KindDir && m.Redirect != "" {
+			srcs[m.Redirect] = m.Ino
+		}
+	}
+	if len(srcs) == 0 {
+		return nil
+	}
+	var out []string
+	for q, m := range e.index {
+		if inSel[q] || m.Kind == KindWhiteout || m.Kind == KindDir && m.Redirect == "" || !m.isChange() {
+			continue
+		}
+		if ino, ok := srcs[e.basePathOf(q)]; ok && e.isBaseOf(m.Base, ino) {
+			out = append(out, q)
+		}
+	}
+	return out
+}
+
+// underOpaqueKept reports whether p lies below an opaque directory that
+// sel does not hold.
+func (e *Engine) underOpaqueKept(p string, sel map[string]bool) bool {
+	for dir, _ := splitPath(p); dir != ""; dir, _ = splitPath(dir) {
+		if m := e.index[dir]; m != nil && m.Kind == KindDir && m.Opaque && !m.Deleted && !sel[dir] {
+			return true
+		}
+	}
+	return false
 }
 
 // isWhiteout reports whether the pending entry at p is a deletion.

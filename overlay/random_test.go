@@ -3,6 +3,8 @@ package overlay_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -19,6 +21,9 @@ func TestCommitRandomOps(t *testing.T) {
 	seeds := 150
 	if testing.Short() {
 		seeds = 50
+	}
+	if s := os.Getenv("STAGEFS_RANDOM_SEEDS"); s != "" {
+		seeds, _ = strconv.Atoi(s)
 	}
 	for seed := 0; seed < seeds; seed++ {
 		h := newHarness(t)

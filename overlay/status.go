@@ -158,46 +158,70 @@ func (e *Engine) selectLocked(paths []string, partners bool, ancestor func(*meta
 			e.collect(q, set)
 		}
 	}
-	// Before the partners, so an ancestor's partner comes along, and
-	// after, for the ancestors of a partner.
-	e.addAncestors(set, ancestor)
-	if partners {
-		// A rename's source is a workspace path; its whiteout sits at
-		// the view path, which differs when a parent was renamed too.
-		whiteoutAt := map[string]string{} // workspace path -> view path
-		for q, m := range e.index {
-			if m.Kind == KindWhiteout {
-				whiteoutAt[e.basePathOf(q)] = q
-			}
+	// Ancestors before the partners, so an ancestor's partner comes
+	// along, and after, for the ancestors of a partner, until neither
+	// adds anything: a partner's ancestor may be a rename with a partner
+	// of its own (mv a/b c; mv a c/a: c brings the whiteout at a/b, now
+	// at c/a/b, which brings the rename c/a, which brings a's whiteout).
+	for n := -1; n != len(set); {
+		n = len(set)
+		e.addAncestors(set, ancestor)
+		if !partners {
+			break
 		}
-		for p := range set {
-			m := e.index[p]
-			if m.Kind == KindDir && m.Redirect != "" {
-				if q, ok := whiteoutAt[m.Redirect]; ok && e.isBaseOf(e.index[q].Base, m.Ino) {
-					set[q] = true
-				}
-			}
-		}
-		for p, m := range e.index {
-			if m.Kind == KindDir && m.Redirect != "" && !set[p] {
-				if q, ok := whiteoutAt[m.Redirect]; set[m.Redirect] || (ok && set[q]) {
-					set[p] = true
-					if m.Deleted {
-						// Moved, then deleted: its deletions below
-						// empty the workspace directory.
-						e.collect(p, set)
-					}
-				}
-			}
-		}
+		e.addPartners(set)
 	}
-	e.addAncestors(set, ancestor)
 	out := make([]string, 0, len(set))
 	for p := range set {
 		out = append(out, p)
 	}
 	sort.Strings(out)
 	return out
+}
+
+// addPartners adds to set the other halves of the directory renames it
+// touches: a renamed directory brings the whiteout at its source and the
+// reverse, since one without the other would lose or duplicate the
+// directory.
+func (e *Engine) addPartners(set map[string]bool) {
+	// A rename's source is a workspace path; its whiteout sits at
+	// the view path, which differs when a parent was renamed too.
+	whiteoutAt := map[string]string{} // workspace path -> view path
+	// What was made at a rename's source since (mv a b; mkdir a)
+	// stands where the whiteout stood, and hides the directory
+	// there until the rename moves it: committed without the
+	// rename, it would stop hiding it and the directory would show
+	// in two places.
+	madeAt := map[string]string{} // workspace path -> view path
+	for q, m := range e.index {
+		if m.Kind == KindWhiteout {
+			whiteoutAt[e.basePathOf(q)] = q
+		} else if m.Base.Exists {
+			madeAt[e.basePathOf(q)] = q
+		}
+	}
+	for p := range set {
+		m := e.index[p]
+		if m.Kind == KindDir && m.Redirect != "" {
+			if q, ok := whiteoutAt[m.Redirect]; ok && e.isBaseOf(e.index[q].Base, m.Ino) {
+				set[q] = true
+			}
+		}
+	}
+	for p, m := range e.index {
+		if m.Kind == KindDir && m.Redirect != "" && !set[p] {
+			q, ok := whiteoutAt[m.Redirect]
+			n, made := madeAt[m.Redirect]
+			if set[m.Redirect] || (ok && set[q]) || (made && set[n] && e.isBaseOf(e.index[n].Base, m.Ino)) {
+				set[p] = true
+				if m.Deleted {
+					// Moved, then deleted: its deletions below
+					// empty the workspace directory.
+					e.collect(p, set)
+				}
+			}
+		}
+	}
 }
 
 // addAncestors adds to set the ancestors of its entries that are changes
@@ -216,8 +240,12 @@ func (e *Engine) addAncestors(set map[string]bool, want func(*meta) bool) {
 }
 
 // commitAncestor: a new, renamed or recreated directory must be committed
-// with what is below it.
-func commitAncestor(*meta) bool { return true }
+// with what is below it. A deleted one need not, and must not: its
+// deletion needs every deletion below it (the workspace directory must be
+// empty), and a deletion below it applies alone, the directory staying
+// deleted in the view (mv a/b c; rm -r a; commit c takes a/b's whiteout,
+// not a's deletion).
+func commitAncestor(m *meta) bool { return !m.Deleted }
 
 // discardAncestor: what is discarded below a deleted directory can only
 // show again if the directory does; other changed directories stay.
