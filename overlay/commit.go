@@ -1498,11 +1498,11 @@ func (e *Engine) discardLocked(paths []string) (done, renumbered []string) {
 		if m == nil || m.Kind != KindDir || m.Redirect == "" {
 			continue
 		}
-		src := m.Redirect
-		sm := e.index[src]
-		if sm == nil || sm.Kind != KindDir || !sm.Opaque || sm.Deleted || !e.isBaseOf(sm.Base, m.Ino) {
+		src := e.madeAtSource(m)
+		if src == "" {
 			continue
 		}
+		sm := e.index[src]
 		nm := *sm
 		nm.Opaque = false
 		// It is the workspace directory again, merged with what was
@@ -1566,6 +1566,20 @@ func (e *Engine) discardLocked(paths []string) (done, renumbered []string) {
 		}
 	}
 	return done, renumbered
+}
+
+// madeAtSource returns the view path of the directory made anew at the
+// source of the directory rename m (mv a b; mkdir a), which hides the
+// workspace directory there ("" when none). It is found by the workspace
+// path it stands for: it may have moved with a renamed parent since (mv a/b
+// c; mv a d; mkdir d/b).
+func (e *Engine) madeAtSource(m *meta) string {
+	for q, sm := range e.index {
+		if sm.Kind == KindDir && sm.Opaque && !sm.Deleted && e.isBaseOf(sm.Base, m.Ino) && e.basePathOf(q) == m.Redirect {
+			return q
+		}
+	}
+	return ""
 }
 
 // occupiedSources returns the entries, not in sel, that stand at the

@@ -369,6 +369,17 @@ func TestPartialCommitsAroundDirectoryRenames(t *testing.T) {
 		require.NoError(t, removeAll(h, "d/s0"))
 		h.commitAll()
 	})
+	t.Run("a rename discarded, a directory made at its source moved since", func(t *testing.T) {
+		// d/s3/s2 (workspace d/s1/s2) gets its directory back.
+		h := newHarness(t)
+		h.baseFile("d/s1/s2/f0", "f0")
+		h.rename("d/s1", "d/s3")
+		h.rename("d/s3/s2", "d/s0")
+		h.mkdir("d/s3/s2")
+		h.e.Discard([]string{"d/s0"}, caller)
+		require.Equal(t, "f0", h.read("d/s3/s2/f0"))
+		partial(t, h, "d/s3")
+	})
 	t.Run("made at a moved source, committed alone", func(t *testing.T) {
 		// The new d/s2/s3/s1 hides the directory still in the
 		// workspace there, which the view shows at d/s2/s3/s2: its
