@@ -203,48 +203,33 @@ func (p *Proxy) fsMode(params json.RawMessage) (any, error) {
 }
 
 func (p *Proxy) commit(params json.RawMessage) (any, error) {
-	ps, err := p.parse(params)
-	if err != nil {
-		return nil, err
-	}
-	rel, err := p.paths(ps.Paths)
-	if err != nil {
-		return nil, err
-	}
-	c, cancel := ctx()
-	defer cancel()
-	return p.ctl.Commit(c, control.CommitParams{Paths: rel, Force: ps.Force})
+	return p.onPaths(params, func(c context.Context, ps sessionParams, rel []string) (any, error) {
+		return p.ctl.Commit(c, control.CommitParams{Paths: rel, Force: ps.Force})
+	})
 }
 
 func (p *Proxy) discard(params json.RawMessage) (any, error) {
-	ps, err := p.parse(params)
-	if err != nil {
-		return nil, err
-	}
-	rel, err := p.paths(ps.Paths)
-	if err != nil {
-		return nil, err
-	}
-	c, cancel := ctx()
-	defer cancel()
-	return p.ctl.Discard(c, rel)
+	return p.onPaths(params, func(c context.Context, _ sessionParams, rel []string) (any, error) {
+		return p.ctl.Discard(c, rel)
+	})
 }
 
 func (p *Proxy) status(params json.RawMessage) (any, error) {
-	ps, err := p.parse(params)
-	if err != nil {
-		return nil, err
-	}
-	rel, err := p.paths(ps.Paths)
-	if err != nil {
-		return nil, err
-	}
-	c, cancel := ctx()
-	defer cancel()
-	return p.ctl.Status(c, rel)
+	return p.onPaths(params, func(c context.Context, _ sessionParams, rel []string) (any, error) {
+		return p.ctl.Status(c, rel)
+	})
 }
 
 func (p *Proxy) diff(params json.RawMessage) (any, error) {
+	return p.onPaths(params, func(c context.Context, _ sessionParams, rel []string) (any, error) {
+		return p.ctl.Diff(c, rel)
+	})
+}
+
+// onPaths answers a pending-set method: it parses params, makes their
+// paths workspace-relative (refusing any outside) and calls fn with them
+// under the operation timeout.
+func (p *Proxy) onPaths(params json.RawMessage, fn func(context.Context, sessionParams, []string) (any, error)) (any, error) {
 	ps, err := p.parse(params)
 	if err != nil {
 		return nil, err
@@ -255,7 +240,7 @@ func (p *Proxy) diff(params json.RawMessage) (any, error) {
 	}
 	c, cancel := ctx()
 	defer cancel()
-	return p.ctl.Diff(c, rel)
+	return fn(c, ps, rel)
 }
 
 // serveFS answers the agent's fs/read_text_file and fs/write_text_file

@@ -450,50 +450,15 @@ func setAttrOf(in *fuse.SetAttrIn) overlay.SetAttr {
 	return a
 }
 
-// setAttrFd applies a to the open file fd, which has no path to go by,
-// and reports its attributes in out; the caller sets the inode number the
+// setAttrFd applies a to the open file fd (overlay.SetattrFd) and
+// reports its attributes in out; the caller sets the inode number the
 // node shows.
 func setAttrFd(fd int, a overlay.SetAttr, out *fuse.Attr) syscall.Errno {
-	if a.Size != nil {
-		if err := unix.Ftruncate(fd, int64(*a.Size)); err != nil {
-			return toErrno(err)
-		}
-	}
-	if a.Uid != nil || a.Gid != nil {
-		uid, gid := -1, -1
-		if a.Uid != nil {
-			uid = int(*a.Uid)
-		}
-		if a.Gid != nil {
-			gid = int(*a.Gid)
-		}
-		if err := unix.Fchown(fd, uid, gid); err != nil {
-			return toErrno(err)
-		}
-	}
-	if a.Mode != nil {
-		if err := unix.Fchmod(fd, *a.Mode&0o7777); err != nil {
-			return toErrno(err)
-		}
-	}
-	if a.Atime != nil || a.Mtime != nil {
-		omit := unix.Timespec{Nsec: unix.UTIME_OMIT}
-		ts := []unix.Timespec{omit, omit}
-		if a.Atime != nil {
-			ts[0] = *a.Atime
-		}
-		if a.Mtime != nil {
-			ts[1] = *a.Mtime
-		}
-		if err := unix.UtimesNanoAt(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), ts, 0); err != nil {
-			return toErrno(err)
-		}
-	}
-	var st syscall.Stat_t
-	if err := syscall.Fstat(fd, &st); err != nil {
+	st, err := overlay.SetattrFd(fd, a)
+	if err != nil {
 		return toErrno(err)
 	}
-	out.FromStat(&st)
+	out.FromStat(st)
 	return 0
 }
 

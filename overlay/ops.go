@@ -1311,6 +1311,52 @@ type SetAttr struct {
 	Mtime *unix.Timespec
 }
 
+// SetattrFd applies a to the open file fd, for a file that has no path
+// any more (removed while open, or made with O_TMPFILE): nothing of it is
+// in the pending set, so there is nothing to stage or journal.
+func SetattrFd(fd int, a SetAttr) (*syscall.Stat_t, error) {
+	if a.Size != nil {
+		if err := unix.Ftruncate(fd, int64(*a.Size)); err != nil {
+			return nil, err
+		}
+	}
+	if a.Uid != nil || a.Gid != nil {
+		uid, gid := -1, -1
+		if a.Uid != nil {
+			uid = int(*a.Uid)
+		}
+		if a.Gid != nil {
+			gid = int(*a.Gid)
+		}
+		if err := unix.Fchown(fd, uid, gid); err != nil {
+			return nil, err
+		}
+	}
+	if a.Mode != nil {
+		if err := unix.Fchmod(fd, *a.Mode&0o7777); err != nil {
+			return nil, err
+		}
+	}
+	if a.Atime != nil || a.Mtime != nil {
+		omit := unix.Timespec{Nsec: unix.UTIME_OMIT}
+		ts := []unix.Timespec{omit, omit}
+		if a.Atime != nil {
+			ts[0] = *a.Atime
+		}
+		if a.Mtime != nil {
+			ts[1] = *a.Mtime
+		}
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, fdPath(fd), ts, 0); err != nil {
+			return nil, err
+		}
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return nil, err
+	}
+	return &st, nil
+}
+
 // Setattr changes p's attributes. fd, when >= 0, is a file the caller has
 // open for writing on p (used for truncation so it works on unlinked files).
 func (e *Engine) Setattr(p string, fd int, a SetAttr, c Caller) (*syscall.Stat_t, error) {
