@@ -51,6 +51,7 @@ type FS struct {
 	heldMu          sync.Mutex
 	held            map[*heldWriter]bool // write-opens that are or may become passthrough handles
 	kept            keptListings         // listings read part way (dirs.go)
+	stale           staleOpens           // callers whose open lost a race (orphan.go)
 	pageSettle      time.Duration        // see keepPages
 }
 
@@ -320,6 +321,11 @@ func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) 
 	// handles, which is quick to fstat, unless that handle holds a body
 	// the path no longer shows (discarded or committed): then the node's
 	// attributes are the path's, not those of what the handle holds.
+	if o, ok := f.(*orphanHandle); ok {
+		errno := o.n.stat(&out.Attr)
+		out.Ino = n.StableAttr().Ino
+		return errno
+	}
 	h, isHandle := asHandle(f)
 	p := n.path()
 	if isHandle && !h.leftBehind() {
@@ -365,6 +371,9 @@ func sameAttr(a *fuse.Attr, st *syscall.Stat_t) bool {
 }
 
 func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if o, ok := f.(*orphanHandle); ok {
+		return o.setattr(in, out, n.StableAttr().Ino)
+	}
 	a := setAttrOf(in)
 	fd := -1
 	h, isHandle := asHandle(f)
@@ -474,14 +483,23 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		// The name the kernel found was removed since (another
 		// process's rm): ESTALE makes it walk the path again, asking
 		// afresh, so an open with O_CREAT creates the file as on a
-		// local disk instead of failing with ENOENT.
-		err = syscall.ESTALE
+		// local disk instead of failing with ENOENT (orphan.go).
+		n.sys.unhold(hold)
+		return n.lostOpen(ctx, flags)
 	}
 	if err != nil {
 		n.sys.unhold(hold)
 		return nil, 0, toErrno(err)
 	}
-	return n.newHandle(p, f, hold, c)
+	fh, fuseFlags, errno := n.newHandle(p, f, hold, c)
+	if caller, ok := fuse.FromContext(ctx); ok {
+		if errno == syscall.ESTALE {
+			n.sys.stale.again(caller.Pid) // the retry may find the name gone
+		} else {
+			n.sys.stale.forget(caller.Pid)
+		}
+	}
+	return fh, fuseFlags, errno
 }
 
 // openReadahead is how much of a file an open the daemon serves starts
@@ -817,6 +835,9 @@ func (n *node) listing() ([]fuse.DirEntry, syscall.Errno) {
 // Fsync makes a file or directory durable: a directory's fsync reaches the
 // node (go-fuse has no directory handle here), a file's goes to its handle.
 func (n *node) Fsync(ctx context.Context, f fs.FileHandle, flags uint32) syscall.Errno {
+	if o, ok := f.(*orphanHandle); ok {
+		return o.Fsync(ctx, flags)
+	}
 	if h, ok := asHandle(f); ok {
 		return h.Fsync(ctx, flags)
 	}

@@ -34,9 +34,11 @@ import (
 //     committed, discarded, restored or copied up again while the node
 //     still had, or may still have, another file as its backing), the node
 //     is retired: lookups of its name make a new node (a new generation of
-//     the same inode number) and the open fails with ESTALE, on which the
-//     kernel looks the name up again and retries the open once, on the new
-//     node. The old node keeps serving the handles already open on it.
+//     the same inode number). If no passthrough handle is open on the old
+//     node, the open is served through the daemon; otherwise it fails with
+//     ESTALE, on which the kernel looks the name up again and retries the
+//     open once, on the new node. The old node keeps serving the handles
+//     already open on it.
 //
 // Writes through passthrough never reach Write, so they cannot be captured
 // as they happen. The engine captures at the write-open itself, and a
@@ -178,6 +180,15 @@ func (n *node) admit(h *handle) syscall.Errno {
 		m.backing = ino
 		h.passthrough = true
 	case eligible && m.cached > 0, !eligible && m.passthrough == 0:
+		m.cached++
+	case m.passthrough == 0:
+		// The backing file go-fuse may still hold is another body, but
+		// nothing is open through it: serve this open through the
+		// daemon, and let later lookups make a new node that can pass
+		// the new body through. (An ESTALE here could reach the program:
+		// the kernel retries only once, and under churn the retry can
+		// meet the same conflict.)
+		n.sys.retire(n)
 		m.cached++
 	default:
 		n.sys.retire(n)
