@@ -138,8 +138,8 @@ func (e *Engine) BeforeWrite(p string, c Caller) error {
 	if !need {
 		return nil
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.lockChange()
+	defer e.unlockChange()
 	return e.capture(c, p)
 }
 

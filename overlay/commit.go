@@ -72,13 +72,24 @@ func (e *Engine) Commit(paths []string, force bool, c Caller) CommitResult {
 // commit is Commit; recovering is set when Recover finishes a commit that a
 // crash interrupted, whose steps may be partly applied already.
 func (e *Engine) commit(paths []string, force bool, c Caller, recovering bool) CommitResult {
+	e.commitMu.Lock()
+	defer e.commitMu.Unlock()
 	e.awaitReleases()
-	// The lock is held from the selection to the end, the intent record's
-	// fdatasync included: a change made in between would apply to a
-	// selection that no longer describes the pending set.
+	stage := e.prepareCopies(paths)
+	e.killPoint("commit-prepared")
+	// The change gate is held from the selection to the end, the intent
+	// record's fdatasync included: a change made in between would apply
+	// to a selection that no longer describes the pending set. The engine
+	// lock is let go of now and then for reads (commitRun.yield). The
+	// files' contents were written before, and are taken if they are
+	// still what the pending set holds (commitprep.go).
+	e.changeGate.Lock()
+	defer e.changeGate.Unlock()
 	var sel []string
 	var res CommitResult
-	err := e.locked(func() error {
+	err := func() error {
+		e.mu.Lock()
+		defer e.mu.Unlock()
 		sel = e.selectLocked(paths, true, commitAncestor)
 		if len(sel) == 0 {
 			return nil
@@ -87,9 +98,10 @@ func (e *Engine) commit(paths []string, force bool, c Caller, recovering bool) C
 		if err := e.record(Record{Op: "commit_begin", Pid: c.Pid, Detail: string(intent)}); err != nil {
 			return err
 		}
-		res = e.commitLocked(sel, force, recovering)
+		res = e.commitLocked(sel, force, recovering, stage)
 		return nil
-	})
+	}()
+	stage.close(e) // not deferred: a crash leaves it, as a kill would
 	if err != nil {
 		// Without a durable intent a crash in the middle could not be
 		// finished at the next start: nothing was committed.
@@ -130,7 +142,12 @@ type commitRun struct {
 	// deleted (see movedDeletedFrom); nil until needed.
 	movedDeletedSrcs map[string]bool
 
-	progress *progress // counts the steps, for a watching client
+	progress *progress    // counts the steps, for a watching client
+	stage    *commitStage // the copies written before the lock was taken
+	held     time.Time    // when the commit last took Engine.mu (see yield)
+	// dirOnRoot: workspace directories known to be, or not to be, on
+	// the root's file system (onRootDev).
+	dirOnRoot map[string]bool
 
 	// recovering: Recover is finishing a commit a crash interrupted. A
 	// few states that only this commit's own steps leave half way are
@@ -138,9 +155,9 @@ type commitRun struct {
 	recovering bool
 }
 
-func (e *Engine) commitLocked(sel []string, force, recovering bool) CommitResult {
+func (e *Engine) commitLocked(sel []string, force, recovering bool, stage *commitStage) CommitResult {
 	r := &commitRun{e: e, force: force, recovering: recovering, syncDir: map[string]bool{}, linked: map[uint64]string{}, failed: map[string]bool{}, prepared: map[uint64]preparedFile{}, movedAway: map[string]bool{}, dirsMade: map[string]bool{},
-		progress: e.startProgress("commit", len(sel))}
+		progress: e.startProgress("commit", len(sel)), stage: stage, held: time.Now()}
 	defer r.progress.finish()
 	e.removeStrayTemps()
 	if recovering {
@@ -269,18 +286,24 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool) CommitResult
 			files = append(files, p)
 		}
 	}
+	// From here on every step leaves the view whole (a workspace entry
+	// replaced or removed is still described by its pending entry), so the
+	// commit may let the reads in between two steps.
 	r.deletesFirst(deletes)
 	for _, p := range deletes {
 		r.do(p, r.applyDelete)
+		r.yield()
 	}
 	// 3. Directories, shallowest first; 4. files.
 	sort.SliceStable(dirs, func(i, j int) bool { return depth(dirs[i]) < depth(dirs[j]) })
 	for _, p := range dirs {
 		r.do(p, r.applyDir)
+		r.yield()
 	}
-	r.syncOnce = len(files) >= syncOnceFiles
+	r.syncOnce = len(files)-len(stage.copies) >= syncOnceFiles
 	for _, p := range files {
 		r.do(p, r.applyFile)
+		r.yield()
 	}
 	r.finishFiles()
 	// 5. Directory times last: creating children changed them.
@@ -302,6 +325,7 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool) CommitResult
 			unix.Fsync(fd)
 			unix.Close(fd)
 		}
+		r.yield()
 	}
 	// 6. Keep the inode numbers the mount showed for what was committed,
 	// then drop it from the pending set, deepest first.
@@ -325,6 +349,7 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool) CommitResult
 	sort.SliceStable(done, func(i, j int) bool { return depth(done[i]) > depth(done[j]) })
 	for _, p := range done {
 		e.dropCommitted(p)
+		r.yield()
 	}
 	sort.Strings(r.res.Committed)
 	r.res.Committed = uniq(r.res.Committed)
@@ -1052,6 +1077,12 @@ func (r *commitRun) applyFile(p string, m *meta) error {
 	}
 	dir, _ := splitPath(p)
 	r.syncDir[dir] = true
+	if name, ok := r.stage.claim(p, ust); ok && r.onRootDev(dir) {
+		// Written and made durable before the lock: finishFiles moves
+		// it into place.
+		r.pending = append(r.pending, preparedFile{path: p, tmp: name, staged: true})
+		return nil
+	}
 	tmp := commitTempPrefix + e.tmpName()
 	err = e.base.withParent(p, func(dirfd int, name string) error {
 		if first, ok := r.prepared[ust.Ino]; ok && ust.Nlink > 1 {
@@ -1109,8 +1140,12 @@ func (e *Engine) removeStrayTemps() {
 const commitTempPrefix = ".stagefs-commit-"
 
 // preparedFile is a file written under a temporary name, waiting for its
-// rename.
-type preparedFile struct{ path, tmp string }
+// rename: tmp is in path's directory, or in the stage directory when
+// staged (commitprep.go).
+type preparedFile struct {
+	path, tmp string
+	staged    bool
+}
 
 // finishFiles renames every prepared (written and fsynced) file into
 // place. Writing them all first keeps the window in which the workspace
@@ -1119,26 +1154,71 @@ type preparedFile struct{ path, tmp string }
 func (r *commitRun) finishFiles() {
 	if r.syncOnce && len(r.pending) > 0 {
 		if err := r.e.syncBase(); err != nil {
+			synced := r.pending[:0]
 			for _, pf := range r.pending {
-				r.unprepare(pf, fmt.Errorf("make the commit durable: %w", err))
+				if pf.staged {
+					synced = append(synced, pf)
+				} else {
+					r.unprepare(pf, fmt.Errorf("make the commit durable: %w", err))
+				}
 			}
-			r.pending = nil
-			return
+			r.pending = synced
 		}
 	}
 	for _, pf := range r.pending {
 		err := r.e.base.withParent(pf.path, func(dirfd int, name string) error {
+			if pf.staged {
+				return renameFileAt(r.stage.fd, pf.tmp, dirfd, name, 0)
+			}
 			return renameFileAt(dirfd, pf.tmp, dirfd, name, 0)
 		})
 		if err != nil {
 			r.unprepare(pf, err)
 		}
+		r.yield()
 	}
+}
+
+// onRootDev reports whether the workspace directory dir is on the file
+// system of the workspace's root, where the stage directory is: a
+// prepared copy cannot be renamed into another one.
+func (r *commitRun) onRootDev(dir string) bool {
+	on, ok := r.dirOnRoot[dir]
+	if !ok {
+		st, err := r.e.base.lstat(dir)
+		on = err == nil && st.Dev == r.e.rootDev
+		if r.dirOnRoot == nil {
+			r.dirOnRoot = map[string]bool{}
+		}
+		r.dirOnRoot[dir] = on
+	}
+	return on
+}
+
+// commitHoldMax is the longest a commit holds Engine.mu before it lets
+// the lookups and reads waiting for it in (yield). A variable for tests.
+var commitHoldMax = 5 * time.Millisecond
+
+// yield lets go of Engine.mu and takes it again once the commit has held
+// it for commitHoldMax. Go's RWMutex lets every reader that waited for the
+// lock in before the commit has it again. The change gate keeps every
+// change out meanwhile, so the pending set is the same when the commit
+// goes on; it is called only where the view is whole.
+func (r *commitRun) yield() {
+	if time.Since(r.held) < commitHoldMax {
+		return
+	}
+	r.e.mu.Unlock()
+	r.e.died("commit-yield") // a test's look at the engine meanwhile
+	r.e.mu.Lock()
+	r.held = time.Now()
 }
 
 // unprepare removes a prepared file's temporary and files it as failed.
 func (r *commitRun) unprepare(pf preparedFile, err error) {
-	if removeTemp(r.e.base, pf) != nil {
+	if pf.staged {
+		// The stage directory goes at the end of the commit, with it.
+	} else if removeTemp(r.e.base, pf) != nil {
 		r.e.strayTemps = append(r.e.strayTemps, pf)
 	}
 	for i, p := range r.res.Committed {

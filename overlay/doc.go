@@ -45,6 +45,10 @@
 // getattr, readdir) take it shared. Data I/O on open files takes no engine
 // lock. Staging records are appended after the lock is released, but before
 // the operation returns; a commit's intent record is written under it.
+// Every change passes Engine.changeGate, shared, before it takes mu; a
+// commit holds the gate alone, so it can let go of mu now and then and let
+// the reads in while the pending set stays as it selected it: a stat waits
+// for a few milliseconds of a commit, not for the whole of it.
 //
 // Lock order: a lock may be taken while holding those above it in this
 // table, never the reverse. Locks on one line are not held together.
@@ -52,7 +56,9 @@
 //	the daemon's hook channel (backend HookChannel.mu)
 //	fusefs: a file handle's mu (re-pointing an open file)
 //	Engine.turnMu        turn start and end, rollback, redo
+//	Engine.commitMu      a whole commit, its copies made before Engine.mu
 //	Engine.textMu        a whole ReadFile or PatchFile
+//	Engine.changeGate    shared by every change, alone by a running commit
 //	Engine.mu            the index, namespace changes, commit, discard
 //	turnState.mu, Engine.failMu, Engine.trashMu, Engine.userMu,
 //	inoMap.mu, dirCache.mu, procCache.mu, progress.mu

@@ -164,12 +164,22 @@ type Engine struct {
 	userMu   sync.Mutex
 	userPids map[int]bool // processes marked as the user's (userMu)
 
-	turnOpts  TurnOptions
-	turnMu    sync.Mutex  // serializes turn starts, rollbacks and redo
-	redos     []redoLevel // the rollbacks redo can take back, newest last (turnMu)
-	redoSeq   int         // (turnMu)
-	redoValid atomic.Bool // cleared by the first tool mutation after a rollback or redo
-	turns     turnState   // turns' bookkeeping in memory (turns.go)
+	turnOpts TurnOptions
+	// commitMu serializes commits: one commit's copies, made before it
+	// takes mu, must not meet another's (commitprep.go).
+	commitMu sync.Mutex
+	// changeGate is passed, shared, by every change on its way to mu
+	// (lockChange). A commit holds it alone from its selection to its
+	// end, so that it can let go of mu between its steps (commitRun.yield)
+	// for lookups, stats and reads, while no change can slip in and the
+	// pending set stays what the commit selected. The close of a file,
+	// which changes no entry, passes by it.
+	changeGate sync.RWMutex
+	turnMu     sync.Mutex  // serializes turn starts, rollbacks and redo
+	redos      []redoLevel // the rollbacks redo can take back, newest last (turnMu)
+	redoSeq    int         // (turnMu)
+	redoValid  atomic.Bool // cleared by the first tool mutation after a rollback or redo
+	turns      turnState   // turns' bookkeeping in memory (turns.go)
 
 	// die, set only by tests, is asked at the points where a crash
 	// leaves an operation half done on disk; true stops the operation
@@ -254,6 +264,7 @@ func New(opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e.upperRootIno = st.Ino
+	e.removeCommitStage() // a commit's copies a crash left behind
 	if err := e.cleanWork(); err != nil {
 		e.Close()
 		return nil, err
@@ -726,9 +737,21 @@ func (e *Engine) locate(p string) (loc, error) {
 // on serving, and a lock left held by the panicking request would hang
 // every request after it; with the defer a bug costs one failed call.
 func (e *Engine) locked(fn func() error) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.lockChange()
+	defer e.unlockChange()
 	return fn()
+}
+
+// lockChange takes the engine lock for a change: through the change gate
+// first, which a running commit holds (see Engine.changeGate).
+func (e *Engine) lockChange() {
+	e.changeGate.RLock()
+	e.mu.Lock()
+}
+
+func (e *Engine) unlockChange() {
+	e.mu.Unlock()
+	e.changeGate.RUnlock()
 }
 
 // rlocked is locked with the lock shared.
@@ -740,8 +763,8 @@ func (e *Engine) rlocked(fn func() error) error {
 
 // underLock is locked for a call that returns a value too.
 func underLock[T any](e *Engine, fn func() (T, error)) (T, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.lockChange()
+	defer e.unlockChange()
 	return fn()
 }
 
@@ -749,6 +772,9 @@ func underLock[T any](e *Engine, fn func() (T, error)) (T, error) {
 func (e *Engine) isHidden(p string) bool {
 	if p == "" {
 		return false
+	}
+	if isCommitTemp(p) {
+		return true
 	}
 	for _, h := range e.opts.Hidden {
 		if isUnder(p, h) {

@@ -406,8 +406,8 @@ func writeMoveState(state, phase string) error {
 // before stay (restore brings back, one by one, those the snapshot
 // captured), so later or earlier deletions by other tool calls are kept.
 func (e *Engine) undelete(p string) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.lockChange()
+	defer e.unlockChange()
 	if e.mode != Staged {
 		return false
 	}
@@ -624,8 +624,8 @@ func sameXattrs(a, b map[string][]byte) bool {
 // normalize drops p's pending entry when it shows just what the workspace
 // has (a restore made it so): staged mode keeps only real changes.
 func (e *Engine) normalize(p string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.lockChange()
+	defer e.unlockChange()
 	if e.mode != Staged {
 		return
 	}

@@ -112,8 +112,8 @@ func (e *Engine) changedBy(p string, m *meta, c Caller, body bool) error {
 // command. After a crash the meta's older values are shown; the journal
 // still names every change's process.
 func (e *Engine) saveChangers() {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.lockChange()
+	defer e.unlockChange()
 	for p, m := range e.index {
 		if m.unsaved {
 			if err := e.writeMeta(p, m); err != nil {

@@ -341,8 +341,8 @@ var ErrBusy = errors.New("a process has the file open for writing")
 func (e *Engine) PatchFile(p string, c Caller, decide func(cur []byte, exists bool) (next []byte, write bool, err error)) error {
 	e.textMu.Lock()
 	defer e.textMu.Unlock()
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.lockChange()
+	defer e.unlockChange()
 	l, err := e.locate(p)
 	if err != nil && err != syscall.ENOENT {
 		return err

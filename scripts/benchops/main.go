@@ -5,6 +5,7 @@
 //	benchops -stagefs PATH [-sizes 1000,10000,100000] [-dir DIR]
 //	benchops -stagefs PATH -sandbox [-dir DIR]
 //	benchops -journal 1000000 [-dir DIR]
+//	benchops -stagefs PATH -commitwait 10000 [-dir DIR]
 package main
 
 import (
@@ -29,7 +30,12 @@ func main() {
 	dir := flag.String("dir", os.TempDir(), "where to make the workspaces")
 	sandbox := flag.Bool("sandbox", false, "measure starting a command in stagefs run's sandbox instead")
 	journalRecords := flag.Int("journal", 0, "measure opening and reading a journal of this many records instead")
+	commitWait := flag.Int("commitwait", 0, "measure how long a stat waits during a commit of this many files instead")
 	flag.Parse()
+	if *commitWait > 0 {
+		measureCommitWait(*bin, *dir, *commitWait)
+		return
+	}
 	if *sandbox {
 		measureSandbox(*bin, *dir)
 		return
