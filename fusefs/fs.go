@@ -395,6 +395,9 @@ func (n *node) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn,
 				return errno
 			}
 		}
+		if o := n.anOrphan(); o != nil && !isHandle {
+			return o.setattr(in, out, n.StableAttr().Ino)
+		}
 	}
 	if err != nil {
 		return toErrno(err)

@@ -90,19 +90,43 @@ func (n *node) lostOpen(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	if err != nil {
 		return nil, 0, toErrno(err)
 	}
-	return &orphanHandle{anonHandle{n: &anonNode{sys: n.sys, fd: fd}}}, 0, 0
+	o := &orphanHandle{anonHandle: anonHandle{n: &anonNode{sys: n.sys, fd: fd}}, node: n}
+	n.io.mu.Lock()
+	if n.io.orphans == nil {
+		n.io.orphans = map[*orphanHandle]struct{}{}
+	}
+	n.io.orphans[o] = struct{}{}
+	n.io.mu.Unlock()
+	return o, 0, 0
 }
 
 // orphanHandle is the open, nameless file lostOpen hands out. Its node is
 // the name's old one, whose path is gone: the node's Getattr, Setattr and
 // Fsync answer from the handle.
-type orphanHandle struct{ anonHandle }
+type orphanHandle struct {
+	anonHandle
+	node *node
+}
 
 var _ fs.FileReleaser = (*orphanHandle)(nil)
 
 func (h *orphanHandle) Release(ctx context.Context) syscall.Errno {
+	h.node.io.mu.Lock()
+	delete(h.node.io.orphans, h)
+	h.node.io.mu.Unlock()
 	h.n.OnForget() // closes the descriptor, and with it the file
 	return 0
+}
+
+// anOrphan returns one of n's orphans, for a SETATTR the kernel sends
+// without a handle (futimens through /proc/self/fd), or nil.
+func (n *node) anOrphan() *orphanHandle {
+	n.io.mu.Lock()
+	defer n.io.mu.Unlock()
+	for o := range n.io.orphans {
+		return o
+	}
+	return nil
 }
 
 // setattr serves a SETATTR of the orphan's node (futimens, ftruncate).

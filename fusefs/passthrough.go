@@ -69,6 +69,8 @@ type ioModes struct {
 	// open holds the node's open handles, for a SETATTR the kernel sends
 	// without one (futimens, fchmod) of a file whose path is gone.
 	open map[*handle]struct{}
+	// orphans are its opens served by an orphan file (orphan.go).
+	orphans map[*orphanHandle]struct{}
 }
 
 // pageStamp identifies one version of a file's content: a write changes
