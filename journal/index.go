@@ -68,17 +68,17 @@ func (j *Journal) loadCheckpoint(size int64) (checkpoint, bool) {
 // it when nothing is in flight that a later start would need to see from
 // before (stagefs: at start-up after recovery, and at a clean unmount).
 func (j *Journal) Checkpoint() error {
-	j.mu.Lock()
+	j.lock()
 	if j.closed {
-		j.mu.Unlock()
+		j.unlock()
 		return j.closedError()
 	}
 	if err := j.waitDurableLocked(j.lastSeq); err != nil {
-		j.mu.Unlock()
+		j.unlock()
 		return err
 	}
 	c := checkpoint{Off: j.size, Seq: j.lastSeq, Marks: append([]mark(nil), j.marks...)}
-	j.mu.Unlock()
+	j.unlock()
 	b, err := json.Marshal(c)
 	if err != nil {
 		return err
@@ -102,8 +102,8 @@ func (j *Journal) noteMark(seq uint64, off int64) {
 // startOf returns where a scan for the records after since may start: the
 // last mark at or before since+1, else the first record.
 func (j *Journal) startOf(since uint64) (off int64) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
+	j.lock()
+	defer j.unlock()
 	i := sort.Search(len(j.marks), func(i int) bool { return j.marks[i].Seq > since+1 })
 	if i == 0 {
 		return fileHeaderLen

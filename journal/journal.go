@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"sync"
+
+	"stagefs/internal/lockorder"
 )
 
 // fileHeader opens every journal file: magic "SFSJ" and version 1 (uint32 LE).
@@ -213,9 +215,9 @@ func (j *Journal) waitDurableLocked(seq uint64) error {
 		// (or err set), so the file is still open whenever we get here.
 		j.syncing = true
 		target := j.lastSeq
-		j.mu.Unlock()
+		j.unlock()
 		err := j.syncFile(j.f)
-		j.mu.Lock()
+		j.lock()
 		j.syncing = false
 		if err != nil {
 			j.failLocked("fdatasync", err)
@@ -230,8 +232,8 @@ func (j *Journal) waitDurableLocked(seq uint64) error {
 // Append writes one record and returns after it is durable. Concurrent
 // Appends share fdatasyncs.
 func (j *Journal) Append(payload []byte) (uint64, error) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
+	j.lock()
+	defer j.unlock()
 	seq, err := j.writeLocked(payload)
 	if err != nil {
 		return 0, err
@@ -245,15 +247,15 @@ func (j *Journal) Append(payload []byte) (uint64, error) {
 // AppendNoWait writes one record to the file and returns without waiting for
 // it to be durable; the next Append, Sync or Close makes it durable.
 func (j *Journal) AppendNoWait(payload []byte) (uint64, error) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
+	j.lock()
+	defer j.unlock()
 	return j.writeLocked(payload)
 }
 
 // Sync makes every record written so far durable.
 func (j *Journal) Sync() error {
-	j.mu.Lock()
-	defer j.mu.Unlock()
+	j.lock()
+	defer j.unlock()
 	if j.closed {
 		return j.closedError()
 	}
@@ -263,15 +265,15 @@ func (j *Journal) Sync() error {
 // LastSeq returns the sequence number of the last record written (durable or
 // not), 0 for an empty journal.
 func (j *Journal) LastSeq() uint64 {
-	j.mu.Lock()
-	defer j.mu.Unlock()
+	j.lock()
+	defer j.unlock()
 	return j.lastSeq
 }
 
 // Size returns the number of bytes in the journal file, header included.
 func (j *Journal) Size() int64 {
-	j.mu.Lock()
-	defer j.mu.Unlock()
+	j.lock()
+	defer j.unlock()
 	return j.size
 }
 
@@ -279,8 +281,8 @@ func (j *Journal) Size() int64 {
 // returns the journal's sticky error if a write or fsync failed earlier, since
 // some records may then not be durable.
 func (j *Journal) Close() error {
-	j.mu.Lock()
-	defer j.mu.Unlock()
+	j.lock()
+	defer j.unlock()
 	if j.closed {
 		return j.closedError()
 	}
@@ -310,9 +312,9 @@ func (j *Journal) Close() error {
 // before it started. fn runs without journal locks held; a non-nil error from
 // fn stops the scan and Scan returns it unchanged.
 func (j *Journal) Scan(since uint64, fn func(Record) error) error {
-	j.mu.Lock()
+	j.lock()
 	closed, size := j.closed, j.size
-	j.mu.Unlock()
+	j.unlock()
 	if closed {
 		return j.closedError()
 	}
@@ -341,4 +343,16 @@ func (j *Journal) Scan(since uint64, fn func(Record) error) error {
 			return err
 		}
 	}
+}
+
+// lock and unlock take and let go of mu, telling lockorder (which checks
+// the order in builds made with -tags lockorder).
+func (j *Journal) lock() {
+	lockorder.Acquire(lockorder.Journal)
+	j.mu.Lock()
+}
+
+func (j *Journal) unlock() {
+	j.mu.Unlock()
+	lockorder.Release(lockorder.Journal)
 }

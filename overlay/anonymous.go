@@ -18,8 +18,8 @@ import (
 // the view, with permission bits mode, owned by the caller. The descriptor
 // is the caller's to close; LinkAnonymous names the file.
 func (e *Engine) OpenAnonymous(dir string, mode uint32, c Caller) (int, *syscall.Stat_t, error) {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	var fd int
 	if e.mode == Immediate {
 		if err := e.immediateHidden(dir, ""); err != nil {

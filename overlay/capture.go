@@ -592,8 +592,8 @@ func (e *Engine) captureHeld(s snapshot.Info) {
 		return
 	}
 	open := e.snaps.OpenSnapshots()
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	for _, w := range held {
 		if w.Pid == 0 || !e.covers(s, open, w.Pid) || e.noCapture(w.Path) {
 			continue

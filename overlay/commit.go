@@ -72,8 +72,8 @@ func (e *Engine) Commit(paths []string, force bool, c Caller) CommitResult {
 // commit is Commit; recovering is set when Recover finishes a commit that a
 // crash interrupted, whose steps may be partly applied already.
 func (e *Engine) commit(paths []string, force bool, c Caller, recovering bool) CommitResult {
-	e.commitMu.Lock()
-	defer e.commitMu.Unlock()
+	e.lockCommit()
+	defer e.unlockCommit()
 	e.awaitReleases()
 	stage := e.prepareCopies(paths)
 	e.killPoint("commit-prepared")
@@ -83,13 +83,13 @@ func (e *Engine) commit(paths []string, force bool, c Caller, recovering bool) C
 	// lock is let go of now and then for reads (commitRun.yield). The
 	// files' contents were written before, and are taken if they are
 	// still what the pending set holds (commitprep.go).
-	e.changeGate.Lock()
-	defer e.changeGate.Unlock()
+	e.lockGate()
+	defer e.unlockGate()
 	var sel []string
 	var res CommitResult
 	err := func() error {
-		e.mu.Lock()
-		defer e.mu.Unlock()
+		e.lockMu()
+		defer e.unlockMu()
 		sel = e.selectLocked(paths, true, commitAncestor)
 		if len(sel) == 0 {
 			return nil
@@ -1208,9 +1208,9 @@ func (r *commitRun) yield() {
 	if time.Since(r.held) < commitHoldMax {
 		return
 	}
-	r.e.mu.Unlock()
+	r.e.unlockMu()
 	r.e.died("commit-yield") // a test's look at the engine meanwhile
-	r.e.mu.Lock()
+	r.e.lockMu()
 	r.held = time.Now()
 }
 
@@ -1242,9 +1242,9 @@ const releaseGrace = 200 * time.Millisecond
 func (e *Engine) awaitReleases() {
 	deadline := time.Now().Add(releaseGrace)
 	for {
-		e.mu.RLock()
+		e.rlock()
 		open := len(e.writers)
-		e.mu.RUnlock()
+		e.runlock()
 		if open == 0 || time.Now().After(deadline) {
 			return
 		}

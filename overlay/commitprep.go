@@ -47,7 +47,7 @@ func (e *Engine) prepareCopies(paths []string) *commitStage {
 		m meta
 	}
 	var wants []want
-	e.mu.RLock()
+	e.rlock()
 	if e.mode == Staged {
 		for _, p := range e.selectLocked(paths, true, commitAncestor) {
 			m := e.index[p]
@@ -56,7 +56,7 @@ func (e *Engine) prepareCopies(paths []string) *commitStage {
 			}
 		}
 	}
-	e.mu.RUnlock()
+	e.runlock()
 	e.removeCommitStage()
 	if len(wants) < prepareMin {
 		return s

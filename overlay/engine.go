@@ -337,8 +337,8 @@ func (e *Engine) Close() error {
 
 // Mode returns the current mode.
 func (e *Engine) Mode() Mode {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	return e.mode
 }
 
@@ -732,42 +732,6 @@ func (e *Engine) locate(p string) (loc, error) {
 	return l, nil
 }
 
-// locked runs fn holding the engine's lock. The unlock is deferred for a
-// reason: go-fuse answers a request whose handler panics with EIO and goes
-// on serving, and a lock left held by the panicking request would hang
-// every request after it; with the defer a bug costs one failed call.
-func (e *Engine) locked(fn func() error) error {
-	e.lockChange()
-	defer e.unlockChange()
-	return fn()
-}
-
-// lockChange takes the engine lock for a change: through the change gate
-// first, which a running commit holds (see Engine.changeGate).
-func (e *Engine) lockChange() {
-	e.changeGate.RLock()
-	e.mu.Lock()
-}
-
-func (e *Engine) unlockChange() {
-	e.mu.Unlock()
-	e.changeGate.RUnlock()
-}
-
-// rlocked is locked with the lock shared.
-func (e *Engine) rlocked(fn func() error) error {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
-	return fn()
-}
-
-// underLock is locked for a call that returns a value too.
-func underLock[T any](e *Engine, fn func() (T, error)) (T, error) {
-	e.lockChange()
-	defer e.unlockChange()
-	return fn()
-}
-
 // isHidden reports whether p is, or is below, a hidden path.
 func (e *Engine) isHidden(p string) bool {
 	if p == "" {
@@ -836,8 +800,8 @@ func (e *Engine) baseStat(l loc) *syscall.Stat_t {
 
 // Stat returns the attributes of p in the merged view.
 func (e *Engine) Stat(p string) (*syscall.Stat_t, error) {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	return e.statLocked(p)
 }
 
@@ -853,8 +817,8 @@ func (e *Engine) statLocked(p string) (*syscall.Stat_t, error) {
 // PendingBodyIno returns the inode number of p's pending body (the upper
 // file a staged regular file reads from), 0 when p has none.
 func (e *Engine) PendingBodyIno(p string) uint64 {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	if m := e.index[p]; m != nil && m.Kind == KindFile {
 		return m.uino
 	}
@@ -864,8 +828,8 @@ func (e *Engine) PendingBodyIno(p string) uint64 {
 // IsStaged reports whether p has an upper entry (for handles that must move
 // to the upper copy after a copy-up).
 func (e *Engine) IsStaged(p string) bool {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	m := e.index[p]
 	return m != nil && m.Kind != KindWhiteout && !m.Deleted
 }

@@ -146,11 +146,11 @@ func (e *Engine) openWriteLocked(p string, flags int, c Caller) (*File, error) {
 // abandon closes a file whose open could not be journaled.
 func (e *Engine) abandon(f *File) {
 	if f.uino != 0 {
-		e.mu.Lock()
+		e.lockMu()
 		if e.writers[f.uino]--; e.writers[f.uino] <= 0 {
 			delete(e.writers, f.uino)
 		}
-		e.mu.Unlock()
+		e.unlockMu()
 	}
 	unix.Close(f.Fd)
 }
@@ -167,11 +167,11 @@ func (e *Engine) Release(p string, f *File, c Caller) {
 		e.changed()
 	}
 	if f.uino != 0 {
-		e.mu.Lock()
+		e.lockMu()
 		if e.writers[f.uino]--; e.writers[f.uino] <= 0 {
 			delete(e.writers, f.uino)
 		}
-		e.mu.Unlock()
+		e.unlockMu()
 	}
 	unix.Close(f.Fd)
 }
@@ -767,8 +767,8 @@ func (e *Engine) linkLocked(oldp, newp string, c Caller) (*syscall.Stat_t, error
 
 // Readlink returns the target of the symlink p.
 func (e *Engine) Readlink(p string) (string, error) {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	l, err := e.locate(p)
 	if err != nil {
 		return "", err
@@ -790,8 +790,8 @@ func (e *Engine) Readlink(p string) (string, error) {
 
 // ReadDir lists the directory p of the merged view.
 func (e *Engine) ReadDir(p string) ([]Dirent, error) {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	return e.readDirLocked(p)
 }
 
@@ -1720,8 +1720,8 @@ func (e *Engine) Getxattr(p, attr string, buf []byte) (int, error) {
 	if strings.HasPrefix(attr, xattrPrefix) {
 		return 0, unix.ENODATA
 	}
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	lyr, rel, err := e.xattrTarget(p)
 	if err != nil {
 		return 0, err
@@ -1732,8 +1732,8 @@ func (e *Engine) Getxattr(p, attr string, buf []byte) (int, error) {
 // Listxattr lists extended attribute names (NUL separated), without
 // stagefs's own.
 func (e *Engine) Listxattr(p string) ([]byte, error) {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	lyr, rel, err := e.xattrTarget(p)
 	if err != nil {
 		return nil, err
@@ -1861,8 +1861,8 @@ type DirStatter struct {
 // OpenDirStatter opens a DirStatter for the directory p. Close releases it.
 func (e *Engine) OpenDirStatter(p string) *DirStatter {
 	s := &DirStatter{e: e, dir: p, baseFd: -1}
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	l, err := e.locate(p)
 	if err != nil || l.deleted() {
 		return s
@@ -1881,8 +1881,8 @@ func (e *Engine) OpenDirStatter(p string) *DirStatter {
 func (s *DirStatter) Stat(name string) (*syscall.Stat_t, error) {
 	e := s.e
 	p := joinPath(s.dir, name)
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	l, err := e.locate(p)
 	if err != nil {
 		return nil, err

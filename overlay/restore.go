@@ -511,9 +511,9 @@ func (e *Engine) restoreBodyInPlace(ent snapshot.Entry, body io.Reader) error {
 // baseHasBody reports whether the workspace file behind ent.Path (through
 // renamed directories) is the pre-image: same size, mode and content hash.
 func (e *Engine) baseHasBody(ent snapshot.Entry) bool {
-	e.mu.RLock()
+	e.rlock()
 	l, err := e.locate(ent.Path)
-	e.mu.RUnlock()
+	e.runlock()
 	if err != nil || !l.hasBase {
 		return false
 	}
@@ -570,9 +570,9 @@ func (e *Engine) xattrsLocked(p string) map[string][]byte {
 
 // restoreXattrs makes p's user xattrs exactly want.
 func (e *Engine) restoreXattrs(p string, want map[string][]byte) error {
-	e.mu.RLock()
+	e.rlock()
 	have := e.xattrsLocked(p)
-	e.mu.RUnlock()
+	e.runlock()
 	for name := range have {
 		if _, ok := want[name]; !ok {
 			if err := e.Removexattr(p, name, daemon); err != nil {

@@ -50,8 +50,8 @@ func (m *meta) changeKind() (kind, from string) {
 // Pending lists the pending changes at or below the given paths (all when
 // none), sorted by path. Its cost grows with the pending set only.
 func (e *Engine) Pending(paths []string) []Change {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	var out []Change
 	for _, p := range e.selectLocked(paths, false, nil) {
 		m := e.index[p]
@@ -128,15 +128,15 @@ func (e *Engine) saveChangers() {
 // listing changes only with the workspace directory's own mtime, which is
 // what lets the kernel cache it.
 func (e *Engine) Untouched(p string) bool {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	return e.index[p] == nil
 }
 
 // PendingCount is the number of pending changes.
 func (e *Engine) PendingCount() int {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	return e.pendingCountLocked()
 }
 
@@ -319,8 +319,8 @@ const (
 // (dirfd; -1 otherwise). fusefs uses it to know which workspace changes
 // can change what the kernel has cached.
 func (e *Engine) DirSourceOf(p string) (src DirSource, dirfd int) {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	l, err := e.locate(p)
 	if err != nil {
 		return FromElsewhere, -1

@@ -21,8 +21,8 @@ const MaxReadBytes = 64 << 20
 // ReadFile returns p's content in the merged view; exists is false (and
 // err nil) when p does not exist.
 func (e *Engine) ReadFile(p string) (data []byte, exists bool, err error) {
-	e.textMu.RLock()
-	defer e.textMu.RUnlock()
+	e.rlockText()
+	defer e.runlockText()
 	f, err := e.Open(p, unix.O_RDONLY, Caller{})
 	if err == syscall.ENOENT {
 		return nil, false, nil
@@ -339,8 +339,8 @@ var ErrBusy = errors.New("a process has the file open for writing")
 // the host's edit is captured into the open turn and unbound snapshots and
 // clears redo, like any process's edit.
 func (e *Engine) PatchFile(p string, c Caller, decide func(cur []byte, exists bool) (next []byte, write bool, err error)) error {
-	e.textMu.Lock()
-	defer e.textMu.Unlock()
+	e.lockText()
+	defer e.unlockText()
 	e.lockChange()
 	defer e.unlockChange()
 	l, err := e.locate(p)
@@ -418,8 +418,8 @@ func (e *Engine) patchInPlaceLocked(p string, c Caller, next []byte) error {
 // Diff returns the pending changes at or below paths as file changes
 // against the workspace, for a unified diff.
 func (e *Engine) Diff(paths []string) ([]unidiff.FileChange, error) {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	var out []unidiff.FileChange
 	for _, p := range e.selectLocked(paths, false, nil) {
 		m := e.index[p]

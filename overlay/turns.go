@@ -175,8 +175,8 @@ func (e *Engine) StartTurn(id, label string) (Turn, error) {
 	if e.snaps == nil {
 		return Turn{}, errors.New("snapshots are not enabled")
 	}
-	e.turnMu.Lock()
-	defer e.turnMu.Unlock()
+	e.lockTurns()
+	defer e.unlockTurns()
 	if err := e.endTurnLocked(); err != nil {
 		return Turn{}, err
 	}
@@ -611,8 +611,8 @@ func (e *Engine) planRollback(turnID string, only []string, force bool) (*rollba
 			reason[p] = "changed during the turn by a process marked as the user's"
 		}
 	}
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	for _, p := range e.outsideChangesLocked(openPaths) {
 		if reason[p] == "" {
 			reason[p] = "changed outside the mount during the turn"
@@ -711,8 +711,8 @@ func (e *Engine) Rollback(turnID string, paths []string, force bool, c Caller) (
 	if e.snaps == nil {
 		return RollbackResult{}, errors.New("snapshots are not enabled")
 	}
-	e.turnMu.Lock()
-	defer e.turnMu.Unlock()
+	e.lockTurns()
+	defer e.unlockTurns()
 	if err := e.endTurnLocked(); err != nil {
 		return RollbackResult{}, err
 	}
@@ -789,8 +789,8 @@ func (e *Engine) captureRedo(scope, turn string, paths []string, moves []snapsho
 	defer e.CloseSnapshot(scope)
 	byDepth := append([]string(nil), paths...)
 	sort.SliceStable(byDepth, func(i, j int) bool { return depth(byDepth[i]) < depth(byDepth[j]) })
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	for _, p := range byDepth {
 		pre, err := e.preImage(p)
 		if err != nil {
@@ -827,8 +827,8 @@ func (e *Engine) RollbackDiff(turnID string, paths []string, force bool) ([]unid
 	for _, c := range plan.conflicts {
 		skip[c.Path] = true
 	}
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	type state struct {
 		body []byte
 		mode uint32
@@ -983,8 +983,8 @@ func (e *Engine) viewStates(scope string) map[string]*snapshot.Entry {
 // force. After a redo with conflicts, redo stays available, so that it can
 // be forced.
 func (e *Engine) Redo(force bool, c Caller) (RollbackResult, error) {
-	e.turnMu.Lock()
-	defer e.turnMu.Unlock()
+	e.lockTurns()
+	defer e.unlockTurns()
 	if len(e.redos) == 0 {
 		return RollbackResult{}, fmt.Errorf("%w: nothing to redo", snapshot.ErrNotFound)
 	}
@@ -1056,8 +1056,8 @@ func (e *Engine) redoConflicts(ents []snapshot.Entry, left map[string]*snapshot.
 		}
 	}
 	var out []Conflict
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	e.rlock()
+	defer e.runlock()
 	for _, p := range uniqStrings(entryPaths(ents)) {
 		was := left[p]
 		now, err := e.viewState(p)

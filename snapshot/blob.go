@@ -84,8 +84,8 @@ func (s *Store) storeTemp(tmp *os.File, size int64, h hash.Hash, err error) (str
 	}
 	sum := hex.EncodeToString(h.Sum(nil))
 
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.lock()
+	defer s.unlock()
 	if _, ok := s.blobs[sum]; ok {
 		os.Remove(tmp.Name())
 	} else {
@@ -184,8 +184,8 @@ func (b *bodyReader) Close() error {
 // GC removes the blobs that no snapshot refers to and no PutBody result
 // waiting for its Add has pinned. It returns how many it removed.
 func (s *Store) GC() (removed int, err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.lock()
+	defer s.unlock()
 	return s.gcLocked()
 }
 

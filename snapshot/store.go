@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"stagefs/internal/atomicfile"
+
+	"stagefs/internal/lockorder"
 )
 
 // Kind says what a path was before its first mutation.
@@ -431,8 +433,8 @@ func (s *Store) CreateLabeled(scopeID, turn, label string, pid int) (Info, error
 	if err := ValidScope(scopeID); err != nil {
 		return Info{}, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.lock()
+	defer s.unlock()
 	if old := s.byScope[scopeID]; old != nil {
 		if !old.info.Closed {
 			return Info{}, fmt.Errorf("%w: %q", ErrExists, scopeID)
@@ -496,8 +498,8 @@ func (s *Store) manifestPath(id string) string {
 
 // Lookup returns the newest snapshot with that scope id.
 func (s *Store) Lookup(scopeID string) (Info, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.lock()
+	defer s.unlock()
 	sn := s.byScope[scopeID]
 	if sn == nil {
 		return Info{}, false
@@ -507,8 +509,8 @@ func (s *Store) Lookup(scopeID string) (Info, bool) {
 
 // Has reports whether path was captured already in the snapshot of scopeID.
 func (s *Store) Has(scopeID, path string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.lock()
+	defer s.unlock()
 	sn := s.byScope[scopeID]
 	if sn == nil {
 		return false
@@ -520,8 +522,8 @@ func (s *Store) Has(scopeID, path string) bool {
 // IsUncaptured reports whether path is marked as given up on in the
 // snapshot of scopeID (MarkUncaptured) and not captured since.
 func (s *Store) IsUncaptured(scopeID, path string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.lock()
+	defer s.unlock()
 	sn := s.byScope[scopeID]
 	return sn != nil && sn.isUncaptured(path)
 }
@@ -535,8 +537,8 @@ func (s *Store) Add(scopeID string, e Entry) error {
 	if err := checkEntry(&e); err != nil {
 		return fmt.Errorf("snapshot: %w", err)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.lock()
+	defer s.unlock()
 	if e.Kind == KindFile {
 		// Whatever happens below, the PutBody that produced this hash
 		// has been answered; from here on only references keep the blob.
@@ -631,8 +633,8 @@ func (s *Store) appendLine(sn *snap, b []byte, durable bool) error {
 // closed snapshot's, also when err reports a failed eviction (Info.Closed
 // is then true).
 func (s *Store) CloseSnapshot(scopeID string) (Info, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.lock()
+	defer s.unlock()
 	sn := s.byScope[scopeID]
 	if sn == nil {
 		return Info{}, fmt.Errorf("%w: snapshot %q", ErrNotFound, scopeID)
@@ -757,8 +759,8 @@ func (s *Store) MarkUncaptured(scopeID, path string) error {
 	if err := validPath(path); err != nil || path == "" {
 		return fmt.Errorf("snapshot: uncaptured path %q: not a workspace path", path)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.lock()
+	defer s.unlock()
 	sn := s.byScope[scopeID]
 	if sn == nil {
 		return fmt.Errorf("%w: snapshot %q", ErrNotFound, scopeID)
@@ -784,8 +786,8 @@ func (s *Store) MarkUncaptured(scopeID, path string) error {
 
 // Entries returns the snapshot's entries in capture order.
 func (s *Store) Entries(scopeID string) ([]Entry, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.lock()
+	defer s.unlock()
 	sn := s.byScope[scopeID]
 	if sn == nil {
 		return nil, fmt.Errorf("%w: snapshot %q", ErrNotFound, scopeID)
@@ -795,8 +797,8 @@ func (s *Store) Entries(scopeID string) ([]Entry, error) {
 
 // List returns every snapshot, oldest first.
 func (s *Store) List() []Info {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.lock()
+	defer s.unlock()
 	out := make([]Info, 0, len(s.order))
 	for _, sn := range s.order {
 		out = append(out, sn.copyInfo())
@@ -806,8 +808,8 @@ func (s *Store) List() []Info {
 
 // OpenSnapshots returns the open snapshots, oldest first.
 func (s *Store) OpenSnapshots() []Info {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.lock()
+	defer s.unlock()
 	out := []Info{}
 	for _, sn := range s.order {
 		if !sn.info.Closed {
@@ -820,8 +822,8 @@ func (s *Store) OpenSnapshots() []Info {
 // Drop removes every snapshot with that scope id (open or closed), then the
 // blobs no snapshot refers to any more.
 func (s *Store) Drop(scopeID string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.lock()
+	defer s.unlock()
 	if s.byScope[scopeID] == nil {
 		return fmt.Errorf("%w: snapshot %q", ErrNotFound, scopeID)
 	}
@@ -884,8 +886,8 @@ func (s *Store) dropLocked(sn *snap) error {
 // restoring its turns) must not see a capture it makes meanwhile evict
 // them. Drop still removes them.
 func (s *Store) Hold(scopeIDs ...string) (release func()) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.lock()
+	defer s.unlock()
 	if s.held == nil {
 		s.held = map[string]int{}
 	}
@@ -893,8 +895,8 @@ func (s *Store) Hold(scopeIDs ...string) (release func()) {
 		s.held[id]++
 	}
 	return func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
+		s.lock()
+		defer s.unlock()
 		for _, id := range scopeIDs {
 			if s.held[id]--; s.held[id] <= 0 {
 				delete(s.held, id)
@@ -908,8 +910,8 @@ func (s *Store) Hold(scopeIDs ...string) (release func()) {
 // user of the store can remove what it keeps beside a snapshot. f runs
 // under the store's lock: it must not call the store.
 func (s *Store) OnDrop(f func(id string)) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.lock()
+	defer s.unlock()
 	s.onDrop = f
 }
 
@@ -937,8 +939,8 @@ func (s *Store) dropRef(h string) {
 
 // TotalBytes returns the sizes of the distinct blobs snapshots refer to.
 func (s *Store) TotalBytes() int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.lock()
+	defer s.unlock()
 	return s.total
 }
 
@@ -1009,4 +1011,16 @@ func (s *Store) closeAfterReboot(p string) error {
 		return fmt.Errorf("snapshot: recording the boot id: %w", err)
 	}
 	return nil
+}
+
+// lock and unlock take and let go of mu, telling lockorder (which checks
+// the order in builds made with -tags lockorder).
+func (s *Store) lock() {
+	lockorder.Acquire(lockorder.Snapshots)
+	s.mu.Lock()
+}
+
+func (s *Store) unlock() {
+	s.mu.Unlock()
+	lockorder.Release(lockorder.Snapshots)
 }
