@@ -80,7 +80,7 @@ func (b *Backend) Commit(ctx context.Context, p control.CommitParams) (control.C
 	var conflicted []string
 	for _, c := range r.Conflicts {
 		res.Conflicts = append(res.Conflicts, control.Conflict{Path: c.Path, Reason: c.Reason, Expected: c.Expected, Actual: c.Actual,
-			WorkspaceHash: c.WorkspaceHash, StagedHash: c.StagedHash})
+			WorkspaceHash: c.WorkspaceHash.String(), StagedHash: c.StagedHash.String()})
 		conflicted = append(conflicted, c.Path)
 	}
 	for _, f := range r.Failed {

@@ -8,22 +8,14 @@ package backend
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"strings"
 	"unicode/utf8"
 
 	"stagefs/control"
+	"stagefs/internal/contenthash"
 	"stagefs/overlay"
 )
-
-// contentHash names content the way the protocol does: "sha256:" and the
-// hex digest.
-func contentHash(b []byte) string {
-	s := sha256.Sum256(b)
-	return "sha256:" + hex.EncodeToString(s[:])
-}
 
 func (b *Backend) ReadText(ctx context.Context, path string) (control.ReadTextResult, error) {
 	rel, err := b.relPath(path)
@@ -39,7 +31,7 @@ func (b *Backend) ReadText(ctx context.Context, path string) (control.ReadTextRe
 		return control.ReadTextResult{}, control.Errorf(control.CodeInvalidParams, "%s is not UTF-8 text (%d bytes); read it through the mount", path, len(data))
 	}
 	if exists {
-		res.Content, res.SHA256, res.Size = string(data), contentHash(data), int64(len(data))
+		res.Content, res.SHA256, res.Size = string(data), contenthash.Sum(data).String(), int64(len(data))
 	}
 	return res, nil
 }
@@ -49,18 +41,20 @@ func (b *Backend) SafeTextPatch(ctx context.Context, p control.SafeTextPatchPara
 	if err != nil {
 		return control.SafeTextPatchResult{}, err
 	}
-	want := strings.ToLower(p.ExpectedHash)
-	if want != "" && !strings.HasPrefix(want, "sha256:") {
-		want = "sha256:" + want
+	var want contenthash.Hash // zero: the file must not exist
+	if p.ExpectedHash != "" {
+		if want, err = contenthash.Parse(p.ExpectedHash); err != nil {
+			return control.SafeTextPatchResult{}, control.Errorf(control.CodeInvalidParams, "expectedHash: %v", err)
+		}
 	}
 	var res control.SafeTextPatchResult
 	err = b.eng.PatchFile(rel, hostEdit(ctx), func(cur []byte, exists bool) ([]byte, bool, error) {
-		curHash := ""
+		var curHash contenthash.Hash
 		if exists {
-			curHash = contentHash(cur)
+			curHash = contenthash.Sum(cur)
 		}
 		if curHash != want {
-			res = control.SafeTextPatchResult{Result: control.PatchStaleBase, SHA256: curHash, Size: int64(len(cur))}
+			res = control.SafeTextPatchResult{Result: control.PatchStaleBase, SHA256: curHash.String(), Size: int64(len(cur))}
 			return nil, false, nil
 		}
 		var next []byte
@@ -80,10 +74,10 @@ func (b *Backend) SafeTextPatch(ctx context.Context, p control.SafeTextPatchPara
 			next = []byte(text)
 		}
 		if exists && bytes.Equal(next, cur) {
-			res = control.SafeTextPatchResult{Result: control.PatchNoOp, SHA256: curHash, Size: int64(len(cur))}
+			res = control.SafeTextPatchResult{Result: control.PatchNoOp, SHA256: curHash.String(), Size: int64(len(cur))}
 			return nil, false, nil
 		}
-		res = control.SafeTextPatchResult{Result: control.PatchApplied, SHA256: contentHash(next), Size: int64(len(next))}
+		res = control.SafeTextPatchResult{Result: control.PatchApplied, SHA256: contenthash.Sum(next).String(), Size: int64(len(next))}
 		return next, true, nil
 	})
 	if errors.Is(err, overlay.ErrBusy) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+
+	"stagefs/internal/contenthash"
 )
 
 // Method names. Requests use all but MethodSessionUpdate, which is the
@@ -458,16 +460,9 @@ func validatePaths(paths []string) error {
 	return nil
 }
 
+// isSHA256Hex accepts a hash as the protocol spells it ("sha256:" and
+// lowercase hex) or the bare lowercase hex.
 func isSHA256Hex(s string) bool {
-	s = strings.TrimPrefix(s, "sha256:")
-	if len(s) != 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
+	_, err := contenthash.ParseHex(strings.TrimPrefix(s, contenthash.Prefix))
+	return err == nil
 }

@@ -1,8 +1,6 @@
 package overlay_test
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"stagefs/internal/contenthash"
 	"stagefs/overlay"
 	snapstore "stagefs/snapshot"
 )
@@ -87,10 +86,7 @@ func entryOf(t *testing.T, st *snapstore.Store, scope, path string, kind snapsto
 	return snapstore.Entry{}
 }
 
-func hashHex(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(sum[:])
-}
+func hashOfText(s string) contenthash.Hash { return contenthash.Sum([]byte(s)) }
 
 func u32(v uint32) *uint32 { return &v }
 
@@ -264,7 +260,7 @@ func TestCaptureFileEntry(t *testing.T) {
 	require.NoError(t, err)
 
 	e := entryOf(t, st, "t1", "f.txt", snapstore.KindFile)
-	require.Equal(t, hashHex("before\n"), e.Hash)
+	require.Equal(t, hashOfText("before\n"), e.Hash)
 	require.EqualValues(t, len("before\n"), e.Size)
 	require.EqualValues(t, 0o640, e.Mode&0o7777)
 	require.EqualValues(t, syscall.S_IFREG, e.Mode&syscall.S_IFMT)
@@ -391,8 +387,8 @@ func TestCapturePidBinding(t *testing.T) {
 		require.Equal(t, []string{"mine", "shared"}, me.Paths)
 		require.Equal(t, []string{"theirs", "shared"}, them.Paths)
 		// Each captured shared as it was before its own first write.
-		require.Equal(t, hashHex("s\n"), entryOf(t, st, "me", "shared", snapstore.KindFile).Hash)
-		require.Equal(t, hashHex("test process\n"), entryOf(t, st, "them", "shared", snapstore.KindFile).Hash)
+		require.Equal(t, hashOfText("s\n"), entryOf(t, st, "me", "shared", snapstore.KindFile).Hash)
+		require.Equal(t, hashOfText("test process\n"), entryOf(t, st, "them", "shared", snapstore.KindFile).Hash)
 
 		// Restoring "me" keeps the other tool call's change to its file.
 		res, err := h.e.Restore("me")

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"stagefs/internal/contenthash"
 )
 
 // CommitResult reports what a commit did, path by path.
@@ -26,9 +28,9 @@ type Conflict struct {
 	Reason   string
 	Expected string
 	Actual   string
-	// WorkspaceHash and StagedHash are the contents' "sha256:…" when the
+	// WorkspaceHash and StagedHash are the contents' hashes when the
 	// path is a file on that side.
-	WorkspaceHash, StagedHash string
+	WorkspaceHash, StagedHash contenthash.Hash
 }
 
 // Failure is a path that could not be committed for another reason.
@@ -1786,20 +1788,17 @@ func (e *Engine) removeCommitTemps(paths []string) {
 	}
 }
 
-// fileHash returns "sha256:…" of the regular file rel in layer l, "" when
+// fileHash returns the hash of the regular file rel in layer l, zero when
 // it is not one.
-func (e *Engine) fileHash(l layer, rel string) string {
+func (e *Engine) fileHash(l layer, rel string) contenthash.Hash {
 	st, err := l.lstat(rel)
 	if err != nil || !isRegular(st) {
-		return ""
+		return contenthash.Hash{}
 	}
 	fd, err := l.open(rel, unix.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {
-		return ""
+		return contenthash.Hash{}
 	}
 	defer unix.Close(fd)
-	if h := hashOf(fd); h != "" {
-		return "sha256:" + h
-	}
-	return ""
+	return hashOf(fd)
 }

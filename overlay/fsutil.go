@@ -1,8 +1,6 @@
 package overlay
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"io"
 	"path"
@@ -11,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"stagefs/internal/contenthash"
 	"stagefs/internal/fdio"
 )
 
@@ -318,13 +317,14 @@ func dtToMode(t uint8) uint32 {
 	return 0
 }
 
-// hashOf returns the hex SHA-256 of what fd reads.
-func hashOf(fd int) string {
-	h := sha256.New()
-	if _, err := copyBuffer(h, fdio.Reader(fd)); err != nil {
-		return ""
+// hashOf returns the hash of what fd reads; the zero Hash when it cannot
+// be read.
+func hashOf(fd int) contenthash.Hash {
+	h, err := contenthash.Of(fdio.Reader(fd))
+	if err != nil {
+		return contenthash.Hash{}
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	return h
 }
 
 func copyBuffer(w io.Writer, r io.Reader) (int64, error) {

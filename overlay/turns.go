@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"stagefs/internal/atomicfile"
+	"stagefs/internal/contenthash"
 	"stagefs/internal/unidiff"
 	"stagefs/snapshot"
 )
@@ -694,7 +695,7 @@ func sameState(a, b *snapshot.Entry) bool {
 func describe(e *snapshot.Entry) string {
 	switch e.Kind {
 	case snapshot.KindFile:
-		return fmt.Sprintf("file sha256 %.12s…", e.Hash)
+		return fmt.Sprintf("file sha256 %.12s…", e.Hash.Hex())
 	case snapshot.KindSymlink:
 		return "symlink to " + e.Target
 	}
@@ -919,7 +920,7 @@ func (e *Engine) walkView(p string, fn func(string)) {
 	}
 }
 
-func (e *Engine) readBody(hash string) ([]byte, error) {
+func (e *Engine) readBody(hash contenthash.Hash) ([]byte, error) {
 	r, err := e.snaps.OpenBody(hash)
 	if err != nil {
 		return nil, err

@@ -1,11 +1,8 @@
 package snapshot
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"io/fs"
 	"os"
@@ -13,11 +10,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"stagefs/internal/contenthash"
 	"stagefs/internal/fdio"
 )
 
-func (s *Store) blobPath(h string) string {
-	return filepath.Join(s.blobDir, h[:2], h)
+func (s *Store) blobPath(h contenthash.Hash) string {
+	name := h.Hex()
+	return filepath.Join(s.blobDir, name[:2], name)
 }
 
 // PutBody stores the content read from r and returns its hash and size. The
@@ -30,12 +29,12 @@ func (s *Store) blobPath(h string) string {
 // (whatever Add then does), so a GC or an eviction running in between does
 // not remove it. A body that is never passed to Add stays pinned until the
 // store is opened again, when it is removed as unreferenced.
-func (s *Store) PutBody(r io.Reader) (string, int64, error) {
+func (s *Store) PutBody(r io.Reader) (contenthash.Hash, int64, error) {
 	tmp, err := os.CreateTemp(s.blobDir, tmpPrefix+"*")
 	if err != nil {
-		return "", 0, fmt.Errorf("snapshot: %w", err)
+		return contenthash.Hash{}, 0, fmt.Errorf("snapshot: %w", err)
 	}
-	h := sha256.New()
+	h := contenthash.New()
 	// The file comes first: MultiWriter stops at the first failing writer
 	// and a hash never fails.
 	size, err := io.Copy(io.MultiWriter(tmp, h), r)
@@ -49,10 +48,10 @@ func (s *Store) PutBody(r io.Reader) (string, int64, error) {
 // hash is of exactly the bytes stored even if the file changes meanwhile.
 // Where the kernel cannot copy between the two files it falls back to
 // reading and writing (fdio.Copy).
-func (s *Store) PutFile(fd int) (string, int64, error) {
+func (s *Store) PutFile(fd int) (contenthash.Hash, int64, error) {
 	tmp, err := os.CreateTemp(s.blobDir, tmpPrefix+"*")
 	if err != nil {
-		return "", 0, fmt.Errorf("snapshot: %w", err)
+		return contenthash.Hash{}, 0, fmt.Errorf("snapshot: %w", err)
 	}
 	var st unix.Stat_t
 	err = unix.Fstat(fd, &st)
@@ -60,7 +59,7 @@ func (s *Store) PutFile(fd int) (string, int64, error) {
 	if err == nil {
 		size, err = fdio.Copy(fd, int(tmp.Fd()), st.Size)
 	}
-	h := sha256.New()
+	h := contenthash.New()
 	if err == nil {
 		_, err = io.Copy(h, io.NewSectionReader(tmp, 0, size))
 	}
@@ -71,7 +70,7 @@ func (s *Store) PutFile(fd int) (string, int64, error) {
 // size bytes hashed by h (unless err already says the copy failed),
 // renames it to its hash name or drops it when that body is stored
 // already, and pins the body.
-func (s *Store) storeTemp(tmp *os.File, size int64, h hash.Hash, err error) (string, int64, error) {
+func (s *Store) storeTemp(tmp *os.File, size int64, h *contenthash.Hasher, err error) (contenthash.Hash, int64, error) {
 	if err == nil {
 		err = s.syncFile(tmp)
 	}
@@ -80,9 +79,10 @@ func (s *Store) storeTemp(tmp *os.File, size int64, h hash.Hash, err error) (str
 	}
 	if err != nil {
 		os.Remove(tmp.Name())
-		return "", 0, fmt.Errorf("snapshot: storing body: %w", err)
+		return contenthash.Hash{}, 0, fmt.Errorf("snapshot: storing body: %w", err)
 	}
-	sum := hex.EncodeToString(h.Sum(nil))
+	sum := h.Sum()
+	fanout := sum.Hex()[:2]
 
 	s.lock()
 	defer s.unlock()
@@ -91,19 +91,19 @@ func (s *Store) storeTemp(tmp *os.File, size int64, h hash.Hash, err error) (str
 	} else {
 		// Under the lock, so that a second PutBody can not rename into a
 		// new fan-out directory before the first has made it durable.
-		err := s.makeFanout(sum[:2])
+		err := s.makeFanout(fanout)
 		if err == nil {
 			err = os.Rename(tmp.Name(), s.blobPath(sum))
 		}
 		if err != nil {
 			os.Remove(tmp.Name())
-			return "", 0, fmt.Errorf("snapshot: storing body: %w", err)
+			return contenthash.Hash{}, 0, fmt.Errorf("snapshot: storing body: %w", err)
 		}
 		s.blobs[sum] = size
 		// A manifest line may refer to the blob only once the rename is
 		// durable, which takes a sync of the directory.
-		if err := s.syncDir(filepath.Join(s.blobDir, sum[:2])); err != nil {
-			return "", 0, fmt.Errorf("snapshot: storing body: %w", err)
+		if err := s.syncDir(filepath.Join(s.blobDir, fanout)); err != nil {
+			return contenthash.Hash{}, 0, fmt.Errorf("snapshot: storing body: %w", err)
 		}
 	}
 	s.pins[sum]++
@@ -124,7 +124,7 @@ func (s *Store) makeFanout(name string) error {
 	return s.syncDir(s.blobDir)
 }
 
-func (s *Store) unpin(h string) {
+func (s *Store) unpin(h contenthash.Hash) {
 	if s.pins[h] <= 1 {
 		delete(s.pins, h)
 		return
@@ -136,9 +136,9 @@ func (s *Store) unpin(h string) {
 // and, at the end, returns an error wrapping ErrCorrupt instead of io.EOF if
 // the content does not match hash, so a damaged body is never restored
 // silently. A body that is not stored yields an error wrapping ErrNotFound.
-func (s *Store) OpenBody(hash string) (io.ReadCloser, error) {
-	if !validHash(hash) {
-		return nil, fmt.Errorf("snapshot: bad body hash %q", hash)
+func (s *Store) OpenBody(hash contenthash.Hash) (io.ReadCloser, error) {
+	if hash.IsZero() {
+		return nil, errors.New("snapshot: no body hash")
 	}
 	// No lock: a blob removed by a GC after this open stays readable
 	// through the open file.
@@ -149,14 +149,14 @@ func (s *Store) OpenBody(hash string) (io.ReadCloser, error) {
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
-	return &bodyReader{f: f, h: sha256.New(), want: hash}, nil
+	return &bodyReader{f: f, h: contenthash.New(), want: hash}, nil
 }
 
 // bodyReader checks a body against its hash while it is read.
 type bodyReader struct {
 	f    *os.File
-	h    hash.Hash
-	want string
+	h    *contenthash.Hasher
+	want contenthash.Hash
 	err  error // sticky: once the end or an error was reported
 }
 
@@ -167,8 +167,8 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 	n, err := b.f.Read(p)
 	b.h.Write(p[:n])
 	if err == io.EOF {
-		if got := hex.EncodeToString(b.h.Sum(nil)); got != b.want {
-			err = fmt.Errorf("%w: body %s hashes to %s", ErrCorrupt, b.want, got)
+		if got := b.h.Sum(); got != b.want {
+			err = fmt.Errorf("%w: body %s hashes to %s", ErrCorrupt, b.want.Hex(), got.Hex())
 		}
 	}
 	if err != nil {

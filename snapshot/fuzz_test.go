@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"stagefs/internal/contenthash"
 )
 
 // FuzzDecodeManifest checks that DecodeManifest never panics and that what
@@ -27,7 +29,7 @@ func FuzzDecodeManifest(f *testing.F) {
 			t.Fatalf("%d paths for %d entries", len(info.Paths), len(entries))
 		}
 		seen := map[string]bool{}
-		bodies := map[string]int64{}
+		bodies := map[contenthash.Hash]int64{}
 		var sum int64
 		for i, e := range entries {
 			if checkEntry(&e) != nil {

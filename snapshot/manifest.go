@@ -174,8 +174,8 @@ func checkEntry(e *Entry) error {
 	}
 	switch e.Kind {
 	case KindFile:
-		if !validHash(e.Hash) {
-			return fmt.Errorf("entry %q: bad hash %q", e.Path, e.Hash)
+		if e.Hash.IsZero() {
+			return fmt.Errorf("entry %q: a file without a hash", e.Path)
 		}
 		if e.Size < 0 {
 			return fmt.Errorf("entry %q: negative size %d", e.Path, e.Size)
@@ -197,7 +197,7 @@ func checkEntry(e *Entry) error {
 	}
 	// Only file entries refer to a body; a hash anywhere else would make
 	// the reference counting of blobs ambiguous.
-	if e.Hash != "" {
+	if !e.Hash.IsZero() {
 		return fmt.Errorf("entry %q: kind %s has a hash", e.Path, e.Kind)
 	}
 	return nil
@@ -218,11 +218,6 @@ func validPath(p string) error {
 		}
 	}
 	return nil
-}
-
-// validHash accepts a lowercase hex sha256, the only form blob names take.
-func validHash(h string) bool {
-	return len(h) == 64 && lowerHex(h)
 }
 
 // isZeroEntry reports whether e has no field set (a close marker line).

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"stagefs/internal/contenthash"
 )
 
 func openStore(t *testing.T, dir string, opts Options) *Store {
@@ -23,7 +24,7 @@ func openStore(t *testing.T, dir string, opts Options) *Store {
 	return s
 }
 
-func put(t *testing.T, s *Store, content string) (string, int64) {
+func put(t *testing.T, s *Store, content string) (contenthash.Hash, int64) {
 	t.Helper()
 	h, n, err := s.PutBody(strings.NewReader(content))
 	require.NoError(t, err)
@@ -32,14 +33,14 @@ func put(t *testing.T, s *Store, content string) (string, int64) {
 }
 
 // addFile stores content and captures it as path's pre-image.
-func addFile(t *testing.T, s *Store, scope, path, content string) string {
+func addFile(t *testing.T, s *Store, scope, path, content string) contenthash.Hash {
 	t.Helper()
 	h, n := put(t, s, content)
 	require.NoError(t, s.Add(scope, Entry{Path: path, Kind: KindFile, Hash: h, Size: n, Mode: 0o100644}))
 	return h
 }
 
-func readBody(t *testing.T, s *Store, h string) (string, error) {
+func readBody(t *testing.T, s *Store, h contenthash.Hash) (string, error) {
 	t.Helper()
 	rc, err := s.OpenBody(h)
 	require.NoError(t, err)
@@ -66,8 +67,12 @@ func blobFiles(t *testing.T, dir string) []string {
 	return out
 }
 
-func sorted(hs ...string) []string {
-	out := append([]string(nil), hs...)
+// sorted returns the blob names of hs, sorted.
+func sorted(hs ...contenthash.Hash) []string {
+	var out []string
+	for _, h := range hs {
+		out = append(out, h.Hex())
+	}
 	sort.Strings(out)
 	return out
 }
@@ -138,7 +143,7 @@ func TestRoundTrip(t *testing.T) {
 	require.True(t, s2.Has("call_1", ""))
 	require.False(t, s2.Has("call_1", "b.txt"))
 
-	for h, want := range map[string]string{h1: "hello\n", h2: "", h3: "bee"} {
+	for h, want := range map[contenthash.Hash]string{h1: "hello\n", h2: "", h3: "bee"} {
 		body, err := readBody(t, s2, h)
 		require.NoError(t, err)
 		require.Equal(t, want, body)
@@ -182,7 +187,7 @@ func TestDedupe(t *testing.T) {
 	h1, _ := put(t, s, "same content")
 	h2, _ := put(t, s, "same content")
 	require.Equal(t, h1, h2)
-	require.Equal(t, []string{h1}, blobFiles(t, dir))
+	require.Equal(t, []string{h1.Hex()}, blobFiles(t, dir))
 
 	// Two snapshots referring to one body count its bytes once.
 	for _, scope := range []string{"a", "b"} {
@@ -209,7 +214,7 @@ func TestOpenBodyDetectsCorruption(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, content, body)
 
-	p := filepath.Join(dir, "blobs", h[:2], h)
+	p := filepath.Join(dir, "blobs", h.Hex()[:2], h.Hex())
 	fi, err := os.Stat(p)
 	require.NoError(t, err)
 	require.Equal(t, fs.FileMode(0o600), fi.Mode().Perm())
@@ -238,9 +243,9 @@ func TestOpenBodyDetectsCorruption(t *testing.T) {
 	require.ErrorIs(t, err, ErrCorrupt, "the error is sticky")
 	require.NoError(t, rc.Close())
 
-	_, err = s.OpenBody(strings.Repeat("0", 64))
+	_, err = s.OpenBody(contenthash.Hash{1})
 	require.ErrorIs(t, err, ErrNotFound)
-	_, err = s.OpenBody("../../etc/passwd")
+	_, err = s.OpenBody(contenthash.Hash{}) // a name can no longer be passed: only a typed hash
 	require.Error(t, err)
 }
 
@@ -267,7 +272,7 @@ func TestFirstCaptureWins(t *testing.T) {
 	removed, err := s.GC()
 	require.NoError(t, err)
 	require.Equal(t, 1, removed)
-	require.Equal(t, []string{h1}, blobFiles(t, dir))
+	require.Equal(t, []string{h1.Hex()}, blobFiles(t, dir))
 
 	// Only one line per path reached the manifest.
 	s2 := openStore(t, dir, Options{NoSync: true})
@@ -312,7 +317,7 @@ func TestDropAndGC(t *testing.T) {
 	removed, err = s.GC()
 	require.NoError(t, err)
 	require.Zero(t, removed)
-	require.Contains(t, blobFiles(t, dir), pending)
+	require.Contains(t, blobFiles(t, dir), pending.Hex())
 	err = s.Add("nope", Entry{Path: "p", Kind: KindFile, Hash: pending, Size: 7})
 	require.ErrorIs(t, err, ErrNotFound)
 	removed, err = s.GC()
@@ -337,10 +342,10 @@ func TestOpenRemovesCrashLeftovers(t *testing.T) {
 	snapTmp := filepath.Join(dir, "snaps", tmpPrefix+"456")
 	require.NoError(t, os.WriteFile(blobTmp, []byte("half a body"), 0o600))
 	require.NoError(t, os.WriteFile(snapTmp, []byte("{\"id\""), 0o600))
-	require.Subset(t, blobFiles(t, dir), []string{kept, orphan, tmpPrefix + "123"})
+	require.Subset(t, blobFiles(t, dir), []string{kept.Hex(), orphan.Hex(), tmpPrefix + "123"})
 
 	s2 := openStore(t, dir, Options{NoSync: true})
-	require.Equal(t, []string{kept}, blobFiles(t, dir))
+	require.Equal(t, []string{kept.Hex()}, blobFiles(t, dir))
 	require.NoFileExists(t, blobTmp)
 	require.NoFileExists(t, snapTmp)
 	require.Equal(t, int64(4), s2.TotalBytes())
@@ -609,7 +614,7 @@ func TestAddChecks(t *testing.T) {
 	h, n := put(t, s, "body")
 
 	require.ErrorIs(t, s.Add("none", Entry{Path: "a", Kind: KindAbsent}), ErrNotFound)
-	require.ErrorIs(t, s.Add("s", Entry{Path: "a", Kind: KindFile, Hash: strings.Repeat("0", 64)}), ErrNotFound)
+	require.ErrorIs(t, s.Add("s", Entry{Path: "a", Kind: KindFile, Hash: contenthash.Hash{1}}), ErrNotFound)
 	require.Error(t, s.Add("s", Entry{Path: "a", Kind: KindFile, Hash: h, Size: n + 1}))
 	require.Error(t, s.Add("s", Entry{Path: "a", Kind: "weird"}))
 	require.Error(t, s.Add("s", Entry{Path: "../a", Kind: KindAbsent}))
@@ -736,7 +741,7 @@ func TestPutFile(t *testing.T) {
 	got, err := readBody(t, s, h)
 	require.NoError(t, err)
 	require.Equal(t, content, got)
-	require.Equal(t, []string{h}, blobFiles(t, dir), "stored once")
+	require.Equal(t, []string{h.Hex()}, blobFiles(t, dir), "stored once")
 }
 
 // Where the kernel refuses to copy (here: the source is a pipe, EINVAL),

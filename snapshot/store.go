@@ -18,6 +18,7 @@ import (
 
 	"stagefs/internal/atomicfile"
 
+	"stagefs/internal/contenthash"
 	"stagefs/internal/lockorder"
 )
 
@@ -34,19 +35,19 @@ const (
 
 // Entry is one captured pre-image.
 type Entry struct {
-	Path   string `json:"path"` // workspace-relative, slash separated ("" is the root)
-	Kind   Kind   `json:"kind"`
-	Hash   string `json:"hash,omitempty"` // hex sha256 of the body (files)
-	Size   int64  `json:"size,omitempty"`
-	Mode   uint32 `json:"mode,omitempty"` // permission bits (and file type bits as in stat)
-	Uid    uint32 `json:"uid,omitempty"`
-	Gid    uint32 `json:"gid,omitempty"`
-	Mtime  int64  `json:"mtime,omitempty"` // unix ns
-	Target string `json:"target,omitempty"`
-	From   string `json:"from,omitempty"`
-	Time   int64  `json:"time"` // capture time, unix ns
-	Pid    int    `json:"pid,omitempty"`
-	Comm   string `json:"comm,omitempty"`
+	Path   string           `json:"path"` // workspace-relative, slash separated ("" is the root)
+	Kind   Kind             `json:"kind"`
+	Hash   contenthash.Hash `json:"hash,omitzero"` // sha256 of the body (files), hex in a manifest
+	Size   int64            `json:"size,omitempty"`
+	Mode   uint32           `json:"mode,omitempty"` // permission bits (and file type bits as in stat)
+	Uid    uint32           `json:"uid,omitempty"`
+	Gid    uint32           `json:"gid,omitempty"`
+	Mtime  int64            `json:"mtime,omitempty"` // unix ns
+	Target string           `json:"target,omitempty"`
+	From   string           `json:"from,omitempty"`
+	Time   int64            `json:"time"` // capture time, unix ns
+	Pid    int              `json:"pid,omitempty"`
+	Comm   string           `json:"comm,omitempty"`
 	// Xattrs holds a file's or directory's extended attributes (user
 	// visible ones), so a restore can put them back too.
 	Xattrs map[string][]byte `json:"xattrs,omitempty"`
@@ -106,12 +107,12 @@ const tmpPrefix = ".tmp-"
 type snap struct {
 	info    Info // Closed, Paths and Bytes are kept current
 	entries []Entry
-	has     map[string]struct{} // captured paths, for Has and first-capture-wins
-	hashes  map[string]int64    // distinct bodies it refers to, with their sizes
-	size    int64               // manifest length on disk: where the next line goes
-	broken  error               // set when an append failed in a way that forbids more
-	lazy    bool                // header and close marker are not fsynced (Options.Lazy)
-	synced  bool                // the manifest's name in DIR/snaps is durable
+	has     map[string]struct{}        // captured paths, for Has and first-capture-wins
+	hashes  map[contenthash.Hash]int64 // distinct bodies it refers to, with their sizes
+	size    int64                      // manifest length on disk: where the next line goes
+	broken  error                      // set when an append failed in a way that forbids more
+	lazy    bool                       // header and close marker are not fsynced (Options.Lazy)
+	synced  bool                       // the manifest's name in DIR/snaps is durable
 }
 
 func newSnap(h header) *snap {
@@ -128,7 +129,7 @@ func newSnap(h header) *snap {
 		},
 		entries: []Entry{},
 		has:     map[string]struct{}{},
-		hashes:  map[string]int64{},
+		hashes:  map[contenthash.Hash]int64{},
 	}
 }
 
@@ -226,13 +227,13 @@ type Store struct {
 	held      map[string]int            // scope ids eviction must skip (Hold)
 
 	mu          sync.Mutex
-	order       []*snap          // by creation, oldest first
-	byScope     map[string]*snap // newest snapshot of each scope id
-	blobs       map[string]int64 // blobs on disk: hash -> size
-	refs        map[string]*ref  // blobs some snapshot refers to
-	pins        map[string]int   // hash -> PutBody results not yet passed to Add
-	total       int64            // sum of refs' sizes
-	lastCreated int64            // Created of the newest snapshot ever made or loaded
+	order       []*snap                    // by creation, oldest first
+	byScope     map[string]*snap           // newest snapshot of each scope id
+	blobs       map[contenthash.Hash]int64 // blobs on disk: hash -> size
+	refs        map[contenthash.Hash]*ref  // blobs some snapshot refers to
+	pins        map[contenthash.Hash]int   // hash -> PutBody results not yet passed to Add
+	total       int64                      // sum of refs' sizes
+	lastCreated int64                      // Created of the newest snapshot ever made or loaded
 }
 
 // Open opens the store in dir, creating dir/blobs and dir/snaps as needed.
@@ -249,9 +250,9 @@ func Open(dir string, opts Options) (*Store, error) {
 
 		workspace: opts.Workspace,
 		byScope:   map[string]*snap{},
-		blobs:     map[string]int64{},
-		refs:      map[string]*ref{},
-		pins:      map[string]int{},
+		blobs:     map[contenthash.Hash]int64{},
+		refs:      map[contenthash.Hash]*ref{},
+		pins:      map[contenthash.Hash]int{},
 	}
 	if s.byteCap == 0 {
 		s.byteCap = DefaultByteCap
@@ -404,8 +405,8 @@ func (s *Store) scanBlobs() error {
 			return fmt.Errorf("snapshot: %w", err)
 		}
 		for _, f := range files {
-			h := f.Name()
-			if !f.Type().IsRegular() || !validHash(h) || h[:2] != name {
+			h, err := contenthash.ParseHex(f.Name())
+			if !f.Type().IsRegular() || err != nil || f.Name()[:2] != name {
 				continue // not ours
 			}
 			fi, err := f.Info()
@@ -691,7 +692,7 @@ func (s *Store) enforceCapLocked(extra int64) error {
 // snapshots hold the rest), nothing is evicted, the body is removed unless
 // a PutBody not yet passed to Add holds it, and the error is ErrOverCap:
 // the caller marks the path uncaptured.
-func (s *Store) makeRoomLocked(h string, size int64) error {
+func (s *Store) makeRoomLocked(h contenthash.Hash, size int64) error {
 	if s.byteCap < 0 || s.refs[h] != nil || s.total+size <= s.byteCap {
 		return nil
 	}
@@ -717,7 +718,7 @@ func (s *Store) makeRoomLocked(h string, size int64) error {
 // unevictableBytesLocked sums the distinct bodies that open and held
 // snapshots refer to: what no eviction can free.
 func (s *Store) unevictableBytesLocked() int64 {
-	seen := map[string]bool{}
+	seen := map[contenthash.Hash]bool{}
 	var sum int64
 	for _, sn := range s.order {
 		if sn.info.Closed && s.held[sn.info.ScopeID] == 0 {
@@ -735,7 +736,7 @@ func (s *Store) unevictableBytesLocked() int64 {
 
 // removeUnpinnedLocked removes blob h unless a snapshot refers to it or a
 // PutBody not yet passed to Add holds it.
-func (s *Store) removeUnpinnedLocked(h string) {
+func (s *Store) removeUnpinnedLocked(h contenthash.Hash) {
 	if s.refs[h] != nil || s.pins[h] > 0 {
 		return
 	}
@@ -915,7 +916,7 @@ func (s *Store) OnDrop(f func(id string)) {
 	s.onDrop = f
 }
 
-func (s *Store) addRef(h string, size int64) {
+func (s *Store) addRef(h contenthash.Hash, size int64) {
 	r := s.refs[h]
 	if r == nil {
 		r = &ref{size: size}
@@ -925,7 +926,7 @@ func (s *Store) addRef(h string, size int64) {
 	r.count++
 }
 
-func (s *Store) dropRef(h string) {
+func (s *Store) dropRef(h contenthash.Hash) {
 	r := s.refs[h]
 	if r == nil {
 		return
