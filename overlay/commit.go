@@ -165,6 +165,17 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool, stage *commi
 	if recovering {
 		r.resumeMovesAside(sel)
 	}
+	handled := r.applyRenames(sel)
+	r.applyChanges(sel, handled)
+	r.dropCommitted()
+	return r.res
+}
+
+// applyRenames applies the directory renames of sel (step 1) and the
+// deletions of directories moved and then deleted, and returns the paths
+// it handled that way.
+func (r *commitRun) applyRenames(sel []string) (handled map[string]bool) {
+	e := r.e
 	// 1. Directory renames, shallowest destination first.
 	var redirects, movedDeleted []string
 	for _, p := range sel {
@@ -179,7 +190,7 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool, stage *commi
 	// A directory moved and then deleted is deleted where the workspace
 	// has it, before any rename: its place may be another's destination,
 	// and its destination's parent may not exist.
-	handled := map[string]bool{}
+	handled = map[string]bool{}
 	// Deepest source first: one moved into the other's source before
 	// both were deleted (mv a/b c; mv a d; rm -r c d) empties its
 	// workspace directory first.
@@ -273,6 +284,15 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool, stage *commi
 		}
 		redirects = waiting
 	}
+	return handled
+}
+
+// applyChanges applies the rest of sel: deletions, directories, files,
+// then the directories' times, and makes it durable (steps 2 to 5). From
+// here on every step leaves the view whole, so the commit lets reads in
+// between steps (yield).
+func (r *commitRun) applyChanges(sel []string, handled map[string]bool) {
+	e := r.e
 	// 2. Deletions, deepest first.
 	var deletes, dirs, files []string
 	for _, p := range sel {
@@ -288,9 +308,8 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool, stage *commi
 			files = append(files, p)
 		}
 	}
-	// From here on every step leaves the view whole (a workspace entry
-	// replaced or removed is still described by its pending entry), so the
-	// commit may let the reads in between two steps.
+	// Every step from here on leaves the view whole: a workspace entry
+	// replaced or removed is still described by its pending entry.
 	r.deletesFirst(deletes)
 	for _, p := range deletes {
 		r.do(p, r.applyDelete)
@@ -302,7 +321,7 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool, stage *commi
 		r.do(p, r.applyDir)
 		r.yield()
 	}
-	r.syncOnce = len(files)-len(stage.copies) >= syncOnceFiles
+	r.syncOnce = len(files)-len(r.stage.copies) >= syncOnceFiles
 	for _, p := range files {
 		r.do(p, r.applyFile)
 		r.yield()
@@ -329,6 +348,12 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool, stage *commi
 		}
 		r.yield()
 	}
+}
+
+// dropCommitted keeps the inode numbers the mount showed for what was
+// committed, then drops it from the pending set (step 6).
+func (r *commitRun) dropCommitted() {
+	e := r.e
 	// 6. Keep the inode numbers the mount showed for what was committed,
 	// then drop it from the pending set, deepest first.
 	var inos [][2]uint64
@@ -355,7 +380,6 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool, stage *commi
 	}
 	sort.Strings(r.res.Committed)
 	r.res.Committed = uniq(r.res.Committed)
-	return r.res
 }
 
 // blockedBy returns the source of another pending rename that p's

@@ -1155,42 +1155,8 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 	if err != nil {
 		return err
 	}
-	oldIsDir := ost.Mode&syscall.S_IFMT == syscall.S_IFDIR
-	if nst, err := e.statLoc(newp, nl); err == nil {
-		if flags&unix.RENAME_NOREPLACE != 0 {
-			return syscall.EEXIST
-		}
-		newIsDir := nst.Mode&syscall.S_IFMT == syscall.S_IFDIR
-		switch {
-		case oldIsDir && !newIsDir:
-			return syscall.ENOTDIR
-		case !oldIsDir && newIsDir:
-			return syscall.EISDIR
-		case newIsDir:
-			if empty, err := e.isEmptyDir(newp); err != nil {
-				return err
-			} else if !empty {
-				return syscall.ENOTEMPTY
-			}
-		}
-		if ost.Ino == nst.Ino && !oldIsDir {
-			// Two names of one file: rename does nothing (POSIX).
-			return nil
-		}
-	}
-	if oldIsDir && ol.m != nil && ol.m.Redirect == "" && ol.m.Opaque && e.holdsBaseChanges(oldp) {
-		// A directory recreated over a workspace directory carries, below
-		// it, the deletions and replacements of that directory's entries:
-		// they belong to the old place, and commit could not apply them
-		// from the new one. EXDEV makes mv copy and delete instead.
-		return syscall.EXDEV
-	}
-	if nl.m != nil && nl.m.Kind == KindDir && e.hasWhiteoutsBelow(newp) {
-		// A directory in the way holds the deletions of base entries
-		// (rm -rf d; mv x d): the moved entry would replace them, and
-		// commit could not empty the workspace's d. EXDEV, as overlayfs
-		// answers for renames it cannot do, makes mv copy instead.
-		return syscall.EXDEV
+	if noop, err := e.checkRenameTarget(oldp, newp, flags, ol, nl, ost); noop || err != nil {
+		return err
 	}
 	// What the base had at newp: the moved entry's new baseline.
 	var newBase Baseline
@@ -1229,29 +1195,7 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 		}
 		e.dropEntry(newp)
 	}
-	nm := *om
-	nm.Base = newBase
-	nm.Pid, nm.Comm, nm.Time = c.Pid, c.Comm, time.Now().UnixNano()
-	// At its new place the entry stands for whatever the workspace has
-	// there (or nothing): not the body it was copied from.
-	nm.AttrOnly = false
-	if nm.Kind == KindDir {
-		// Container is left alone when a redirect is set (a redirect is a
-		// change by itself), so a directory moved back where the base
-		// has it is a plain container again unless it was changed.
-		if nm.Redirect == "" && !nm.Opaque && ol.hasBase && oldBaseHas {
-			nm.Redirect = ol.basePath
-		}
-		if nm.Redirect == "" {
-			// Nothing of the base shows through the moved directory.
-			nm.Opaque, nm.Container = true, false
-		} else if nl.hasBase && nm.Redirect == nl.basePath {
-			// Back where the base has it: no longer a rename (else
-			// status, diff and commit would treat it as one).
-			nm.Redirect = ""
-		}
-	}
-	nm.Was = &placeState{Base: om.Base, Redirect: om.Redirect, Opaque: om.Opaque, Container: om.Container, AttrOnly: om.AttrOnly}
+	nm := movedMeta(om, ol, nl, newBase, oldBaseHas, c)
 	if err := e.writeMetaFor(oldp, newp, &nm); err != nil {
 		return err
 	}
@@ -1299,6 +1243,81 @@ func (e *Engine) renameLocked(oldp, newp string, flags uint32, c Caller) error {
 		}
 	}
 	return nil
+}
+
+// checkRenameTarget applies rename(2)'s rules to what the view has at
+// oldp (ost) and newp, and refuses with EXDEV the renames a commit could
+// not apply; noop is set when the rename has nothing to do (two names of
+// one file).
+func (e *Engine) checkRenameTarget(oldp, newp string, flags uint32, ol, nl loc, ost *syscall.Stat_t) (noop bool, err error) {
+	oldIsDir := ost.Mode&syscall.S_IFMT == syscall.S_IFDIR
+	if nst, err := e.statLoc(newp, nl); err == nil {
+		if flags&unix.RENAME_NOREPLACE != 0 {
+			return false, syscall.EEXIST
+		}
+		newIsDir := nst.Mode&syscall.S_IFMT == syscall.S_IFDIR
+		switch {
+		case oldIsDir && !newIsDir:
+			return false, syscall.ENOTDIR
+		case !oldIsDir && newIsDir:
+			return false, syscall.EISDIR
+		case newIsDir:
+			if empty, err := e.isEmptyDir(newp); err != nil {
+				return false, err
+			} else if !empty {
+				return false, syscall.ENOTEMPTY
+			}
+		}
+		if ost.Ino == nst.Ino && !oldIsDir {
+			// Two names of one file: rename does nothing (POSIX).
+			return true, nil
+		}
+	}
+	if oldIsDir && ol.m != nil && ol.m.Redirect == "" && ol.m.Opaque && e.holdsBaseChanges(oldp) {
+		// A directory recreated over a workspace directory carries, below
+		// it, the deletions and replacements of that directory's entries:
+		// they belong to the old place, and commit could not apply them
+		// from the new one. EXDEV makes mv copy and delete instead.
+		return false, syscall.EXDEV
+	}
+	if nl.m != nil && nl.m.Kind == KindDir && e.hasWhiteoutsBelow(newp) {
+		// A directory in the way holds the deletions of base entries
+		// (rm -rf d; mv x d): the moved entry would replace them, and
+		// commit could not empty the workspace's d. EXDEV, as overlayfs
+		// answers for renames it cannot do, makes mv copy instead.
+		return false, syscall.EXDEV
+	}
+	return false, nil
+}
+
+// movedMeta returns the meta of the entry om (at oldp, located at ol)
+// moved to newp (located at nl, where the base has newBase; oldBaseHas
+// says whether the base has oldp) by c.
+func movedMeta(om *meta, ol, nl loc, newBase Baseline, oldBaseHas bool, c Caller) meta {
+	nm := *om
+	nm.Base = newBase
+	nm.Pid, nm.Comm, nm.Time = c.Pid, c.Comm, time.Now().UnixNano()
+	// At its new place the entry stands for whatever the workspace has
+	// there (or nothing): not the body it was copied from.
+	nm.AttrOnly = false
+	if nm.Kind == KindDir {
+		// Container is left alone when a redirect is set (a redirect is a
+		// change by itself), so a directory moved back where the base
+		// has it is a plain container again unless it was changed.
+		if nm.Redirect == "" && !nm.Opaque && ol.hasBase && oldBaseHas {
+			nm.Redirect = ol.basePath
+		}
+		if nm.Redirect == "" {
+			// Nothing of the base shows through the moved directory.
+			nm.Opaque, nm.Container = true, false
+		} else if nl.hasBase && nm.Redirect == nl.basePath {
+			// Back where the base has it: no longer a rename (else
+			// status, diff and commit would treat it as one).
+			nm.Redirect = ""
+		}
+	}
+	nm.Was = &placeState{Base: om.Base, Redirect: om.Redirect, Opaque: om.Opaque, Container: om.Container, AttrOnly: om.AttrOnly}
+	return nm
 }
 
 // SetAttr is a change of attributes; nil fields are left alone.
