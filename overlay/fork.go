@@ -1,0 +1,210 @@
+package overlay
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Fork writes, into the new state dir dst, a pending set equal to this
+// engine's at this instant: a copy of the upper tree with each meta placed
+// for its new directory, and the inode map, so that an engine opened on
+// dst over the same workspace shows what this one shows, inode numbers
+// included, and from then on changes on its own (a branch). The change
+// gate is held throughout, so no change falls half into the copy; the cost
+// is that of copying the pending set, never the workspace.
+func (e *Engine) Fork(dst string) error {
+	e.lockGate()
+	defer e.unlockGate()
+	e.rlock()
+	defer e.runlock()
+	if e.mode != Staged {
+		return errors.New("only a staged mount can fork: in immediate mode nothing is pending")
+	}
+	if err := os.MkdirAll(filepath.Join(dst, "upper"), 0o700); err != nil {
+		return err
+	}
+	root, err := unix.Open(filepath.Join(dst, "upper"), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(root)
+	f := &forkCopy{e: e, dst: layer{fd: root}, links: map[uint64]string{}}
+	paths := make([]string, 0, len(e.index))
+	for p := range e.index {
+		paths = append(paths, p)
+	}
+	// Parents before their entries (sorted by depth, then name), and a
+	// directory's times set only after everything in it was made.
+	sort.Slice(paths, func(i, j int) bool {
+		if di, dj := depth(paths[i]), depth(paths[j]); di != dj {
+			return di < dj
+		}
+		return paths[i] < paths[j]
+	})
+	for _, p := range paths {
+		if err := f.entry(p, e.index[p]); err != nil {
+			return fmt.Errorf("fork %s: %w", p, err)
+		}
+	}
+	for i := len(f.dirs) - 1; i >= 0; i-- {
+		if err := f.times(f.dirs[i]); err != nil {
+			return fmt.Errorf("fork %s: %w", f.dirs[i], err)
+		}
+	}
+	if err := copyFileIfExists(filepath.Join(e.opts.StateDir, "inomap"), filepath.Join(dst, "inomap")); err != nil {
+		return fmt.Errorf("fork the inode map: %w", err)
+	}
+	return unix.Syncfs(root)
+}
+
+// forkCopy is one Fork's copy of the upper tree into dst.
+type forkCopy struct {
+	e     *Engine
+	dst   layer
+	links map[uint64]string // upper inode -> its first copy (hard links stay one file)
+	dirs  []string          // the directories copied, parents first
+}
+
+// entry copies the upper entry p, whose meta is m.
+func (f *forkCopy) entry(p string, m *meta) error {
+	src := f.e.upper
+	st, err := src.lstat(p)
+	if err != nil {
+		return err
+	}
+	dir, name := splitPath(p)
+	switch st.Mode & syscall.S_IFMT {
+	case syscall.S_IFDIR:
+		err = f.dst.withDir(dir, func(dirfd int) error {
+			if err := unix.Mkdirat(dirfd, name, 0o700); err != nil {
+				return err
+			}
+			return unix.Fchmodat(dirfd, name, st.Mode&0o7777, 0)
+		})
+		f.dirs = append(f.dirs, p)
+	case syscall.S_IFREG:
+		if first, ok := f.links[st.Ino]; ok && st.Nlink > 1 {
+			return f.dst.withParent(first, func(fdir int, fname string) error {
+				return f.dst.withDir(dir, func(dirfd int) error { return unix.Linkat(fdir, fname, dirfd, name, 0) })
+			})
+		}
+		f.links[st.Ino] = p
+		err = f.file(p, st)
+	default:
+		// The upper tree holds only directories and regular files (a
+		// symlink's target and a special file's kind are in their metas).
+		return fmt.Errorf("unexpected file type %o in the upper tree", st.Mode&syscall.S_IFMT)
+	}
+	if err != nil {
+		return err
+	}
+	if err := f.xattrs(p); err != nil {
+		return err
+	}
+	// The meta, placed for the copy's directory (see meta.Dir).
+	dstDir := f.e.upperRootIno
+	if dir != "" {
+		dst, err := f.dst.lstat(dir)
+		if err != nil {
+			return err
+		}
+		dstDir = dst.Ino
+	} else {
+		var rst unix.Stat_t
+		if err := unix.Fstat(f.dst.fd, &rst); err != nil {
+			return err
+		}
+		dstDir = rst.Ino
+	}
+	nm := *m
+	nm.Dir, nm.NameSum = dstDir, nameSum(name)
+	if err := f.dst.setxattr(p, metaXattr, nm.encode(), 0); err != nil {
+		return err
+	}
+	if err := f.dst.withParent(p, func(dirfd int, name string) error {
+		return unix.Fchownat(dirfd, name, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW)
+	}); err != nil && !errors.Is(err, unix.EPERM) {
+		return err
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		return f.times(p)
+	}
+	return nil
+}
+
+// file copies the regular upper file p (stat st): in the kernel, a reflink
+// where the file system shares extents.
+func (f *forkCopy) file(p string, st *syscall.Stat_t) error {
+	in, err := f.e.upper.open(p, unix.O_RDONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(in)
+	dir, name := splitPath(p)
+	return f.dst.withDir(dir, func(dirfd int) error {
+		out, err := unix.Openat(dirfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, st.Mode&0o7777)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(out)
+		if err := unix.Fchmod(out, st.Mode&0o7777); err != nil {
+			return err
+		}
+		return copyFd(in, out, st.Size)
+	})
+}
+
+// xattrs copies every xattr of the upper entry p, stagefs's own included.
+func (f *forkCopy) xattrs(p string) error {
+	buf := make([]byte, 64<<10)
+	n, err := f.e.upper.listxattr(p, buf)
+	if err != nil || n <= 0 {
+		return err
+	}
+	val := make([]byte, 64<<10)
+	for _, name := range strings.Split(string(buf[:n]), "\x00") {
+		if name == "" || name == metaXattr {
+			continue
+		}
+		vn, err := f.e.upper.getxattr(p, name, val)
+		if err != nil {
+			return err
+		}
+		if err := f.dst.setxattr(p, name, val[:vn], 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// times gives the copy of p the upper entry's times.
+func (f *forkCopy) times(p string) error {
+	st, err := f.e.upper.lstat(p)
+	if err != nil {
+		return err
+	}
+	ts := []unix.Timespec{unix.Timespec(st.Atim), unix.Timespec(st.Mtim)}
+	return f.dst.withParent(p, func(dirfd int, name string) error {
+		return unix.UtimesNanoAt(dirfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
+	})
+}
+
+// copyFileIfExists copies the file src to dst, made durable; nothing when
+// src does not exist.
+func copyFileIfExists(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, 0o600)
+}
