@@ -28,6 +28,13 @@ type Config struct {
 	Hide      []string         // the mount's --hide globs
 	// Sandbox is what the mount's runs may write outside the workspace.
 	Sandbox sandbox.Settings
+	// Branch names the branch this backend serves ("" for the main
+	// view): a branch commits only by a merge into its parent, and is
+	// always staged.
+	Branch string
+	// Branches lists the mount's branches, for session/initialize (nil:
+	// none).
+	Branches func() []control.BranchInfo
 }
 
 // Backend answers the control socket's methods with the engine.
@@ -126,12 +133,21 @@ func (b *Backend) Initialize(ctx context.Context) (control.InitializeResult, err
 		HookSocket: control.HookSocketName(b.cfg.StateDir),
 		Policy:     b.policy(),
 		Sandbox:    b.sandboxSettings(),
+		Branch:     b.cfg.Branch,
+		Branches:   b.branches(),
 		Capabilities: map[string]bool{
 			"staged": true, "immediate": true, "commitPaths": true, "discardPaths": true,
 			"diff": true, "readText": true, "safeTextPatch": true, "log": true, "events": true,
 			"snapshots": true, "restoreToolCall": true, "turns": true, "rollback": true, "redo": true,
 		},
 	}, nil
+}
+
+func (b *Backend) branches() []control.BranchInfo {
+	if b.cfg.Branches == nil {
+		return nil
+	}
+	return b.cfg.Branches()
 }
 
 func (b *Backend) policy() control.Policy {
@@ -162,6 +178,9 @@ func (b *Backend) SetMode(ctx context.Context, mode string) (control.SetModeResu
 	m, err := overlay.ParseMode(mode)
 	if err != nil {
 		return control.SetModeResult{}, control.Errorf(control.CodeInvalidParams, "%v", err)
+	}
+	if b.cfg.Branch != "" && m != overlay.Staged {
+		return control.SetModeResult{}, control.Errorf(control.CodeInvalidState, "branch %s is always staged: its changes reach the workspace only through its parent (stagefs merge %s)", b.cfg.Branch, b.cfg.Branch)
 	}
 	prev, err := b.eng.SetMode(m, ctlCaller(ctx))
 	if err != nil {

@@ -71,6 +71,9 @@ func statusKind(c overlay.Change) string {
 }
 
 func (b *Backend) Commit(ctx context.Context, p control.CommitParams) (control.CommitResult, error) {
+	if b.cfg.Branch != "" {
+		return control.CommitResult{}, control.Errorf(control.CodeInvalidState, "branch %s commits through its parent: merge it (stagefs merge %s), then commit there", b.cfg.Branch, b.cfg.Branch)
+	}
 	rel, err := b.relPaths(p.Paths)
 	if err != nil {
 		return control.CommitResult{}, err

@@ -73,7 +73,7 @@ func checkScope(scope string) error {
 		return badID(scope, err)
 	}
 	if overlay.InternalScope(scope) {
-		return control.Errorf(control.CodeInvalidParams, "scopeId: the prefixes %s are reserved for turns", andList(overlay.InternalScopePrefixes()))
+		return control.Errorf(control.CodeInvalidParams, "scopeId: the prefixes %s are reserved for turns and branches", andList(overlay.InternalScopePrefixes()))
 	}
 	return nil
 }

@@ -156,6 +156,10 @@ type InitializeResult struct {
 	// Sandbox is what the commands that stagefs run, the agent commands
 	// and stagefs acp start may write outside the workspace.
 	Sandbox Sandbox `json:"sandbox"`
+	// Branch names the branch this socket serves ("" for the main view);
+	// Branches lists the mount's branches.
+	Branch   string       `json:"branch,omitempty"`
+	Branches []BranchInfo `json:"branches,omitempty"`
 }
 
 // Sandbox is a mount's choice for the sandboxes of its runs: `stagefs

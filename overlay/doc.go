@@ -57,6 +57,8 @@
 //	fusefs: a file handle's mu (re-pointing an open file)
 //	Engine.turnMu        turn start and end, rollback, redo
 //	Engine.commitMu      a whole commit, its copies made before Engine.mu
+//	a branch's Engine.changeGate, held by a merge from it (HoldChanges),
+//	                     before its parent's locks (branch.Manager.mu above all)
 //	Engine.textMu        a whole ReadFile or PatchFile
 //	Engine.changeGate    shared by every change, alone by a running commit
 //	Engine.mu            the index, namespace changes, commit, discard

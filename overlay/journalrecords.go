@@ -67,3 +67,46 @@ func UnfinishedCommit(j *journal.Journal, since uint64) ([]string, error) {
 	})
 	return pending, err
 }
+
+// MergeIntent is what a merge into this engine's pending set is about to
+// apply (package branch): journaled before, so that a crash in the middle
+// is finished at the next start.
+type MergeIntent struct {
+	Branch string   `json:"branch"`
+	Paths  []string `json:"paths,omitempty"`
+	Force  bool     `json:"force,omitempty"`
+}
+
+// NoteMergeBegin makes the intent of a merge durable in the journal.
+func (e *Engine) NoteMergeBegin(in MergeIntent) error {
+	b, _ := json.Marshal(in)
+	return e.record(Record{Op: "merge_begin", Detail: string(b)})
+}
+
+// NoteMergeEnd records that the merge begun last has ended.
+func (e *Engine) NoteMergeEnd(summary string) error {
+	return e.record(Record{Op: "merge_end", Detail: summary})
+}
+
+// UnfinishedMerge returns the intent of the last merge the journal shows
+// begun but not ended after since, or nil.
+func UnfinishedMerge(j *journal.Journal, since uint64) (*MergeIntent, error) {
+	var pending *MergeIntent
+	err := j.Scan(since, func(r journal.Record) error {
+		rec, err := DecodeRecord(r.Seq, r.Payload)
+		if err != nil {
+			return nil
+		}
+		switch rec.Op {
+		case "merge_begin":
+			var in MergeIntent
+			if json.Unmarshal([]byte(rec.Detail), &in) == nil {
+				pending = &in
+			}
+		case "merge_end":
+			pending = nil
+		}
+		return nil
+	})
+	return pending, err
+}

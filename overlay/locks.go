@@ -93,6 +93,19 @@ func (e *Engine) unlockGate() {
 	lockorder.Release(lockorder.ChangeGate)
 }
 
+// HoldChanges stops every change to this engine's pending set until
+// release is called: for a merge, which reads a branch whole while it
+// writes to the branch's parent (another engine, whose change gate comes
+// after this one in the lock order).
+func (e *Engine) HoldChanges() (release func()) {
+	lockorder.Acquire(lockorder.HeldGate)
+	e.changeGate.Lock()
+	return func() {
+		e.changeGate.Unlock()
+		lockorder.Release(lockorder.HeldGate)
+	}
+}
+
 // lockTurns serializes turn starts, rollbacks and redo (turnMu).
 func (e *Engine) lockTurns() {
 	lockorder.Acquire(lockorder.TurnMu)

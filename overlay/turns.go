@@ -28,6 +28,9 @@ const (
 	turnPrefix = "turn:"
 	postPrefix = "post:"
 	redoPrefix = "redo:"
+	// forkPrefix names a branch's snapshot of what it changed since its
+	// fork point (package branch).
+	forkPrefix = "fork:"
 )
 
 // ToolCallScope reports whether a snapshot scope id names a tool call,
@@ -41,7 +44,7 @@ func ToolCallScope(s string) bool { return !internalScope(s) }
 func InternalScope(s string) bool { return internalScope(s) }
 
 func internalScope(s string) bool {
-	return strings.HasPrefix(s, turnPrefix) || strings.HasPrefix(s, postPrefix) || strings.HasPrefix(s, redoPrefix)
+	return strings.HasPrefix(s, turnPrefix) || strings.HasPrefix(s, postPrefix) || strings.HasPrefix(s, redoPrefix) || strings.HasPrefix(s, forkPrefix)
 }
 
 // TurnOptions bound what turns keep.

@@ -22,6 +22,7 @@ import (
 // clientFlags are the flags every client command takes.
 type clientFlags struct {
 	mount, socket string
+	branch        string
 	json          bool
 }
 
@@ -30,6 +31,7 @@ func newClientFlags(name string) (*pflag.FlagSet, *clientFlags) {
 	fs := newFlagSet(name)
 	fs.StringVarP(&cf.mount, "mount", "m", "", "the stagefs mount point to talk to")
 	fs.StringVar(&cf.socket, "socket", "", "the daemon's control socket")
+	fs.StringVar(&cf.branch, "branch", "", "talk to this branch of the mount (stagefs branches lists them; main: the main view)")
 	fs.BoolVar(&cf.json, "json", false, "print the result as JSON")
 	return fs, cf
 }
@@ -98,7 +100,41 @@ func (cf *clientFlags) dial() (*control.Client, error) {
 	if err != nil {
 		return nil, &noDaemonError{fmt.Errorf("%w; if the daemon was killed or the machine restarted, mount again (stagefs mount WORKSPACE MOUNTPOINT): nothing staged is lost", err)}
 	}
-	return c, nil
+	if cf.branch == "" {
+		return c, nil
+	}
+	return dialBranch(c, cf.branch)
+}
+
+// dialBranch connects to the socket of branch name of the mount c serves
+// (any of its views), and closes c.
+func dialBranch(c *control.Client, name string) (*control.Client, error) {
+	defer c.Close()
+	res, err := c.ListBranches(context.Background())
+	if err != nil {
+		return nil, err
+	}
+	sock := ""
+	if name == control.MainBranch {
+		sock = res.MainSocket
+	}
+	for _, b := range res.Branches {
+		if b.Name == name {
+			sock = b.Socket
+		}
+	}
+	if sock == "" {
+		var names []string
+		for _, b := range res.Branches {
+			names = append(names, b.Name)
+		}
+		return nil, fmt.Errorf("no branch %q in this mount (branches: %s; make one with stagefs branch %s)", name, strings.Join(append([]string{control.MainBranch}, names...), ", "), name)
+	}
+	bc, err := control.Dial(sock)
+	if err != nil {
+		return nil, fmt.Errorf("branch %s: %w", name, err)
+	}
+	return bc, nil
 }
 
 func printJSON(v any) error {

@@ -38,6 +38,9 @@ var examples = map[string]string{
 	"codex":       "cd ~/project && stagefs codex -- exec 'fix the failing test'",
 	"gemini":      "cd ~/project && stagefs gemini -- -p 'fix the failing test' --yolo",
 	"acp":         "stagefs acp -- claude-agent-acp   (as an editor's agent command)",
+	"branch":      "stagefs branch try-a && stagefs run --branch try-a -- make test",
+	"branches":    "stagefs branches --json",
+	"merge":       "stagefs merge try-a src/",
 	"hook":        "echo '{\"hook_event_name\":\"Stop\"}' | stagefs hook claude",
 	"scratch":     "stagefs scratch -m /tmp/project-staged; stagefs scratch --drop",
 }

@@ -85,6 +85,9 @@ func init() {
 		{"gemini", "gemini [-m MOUNT | mount flags] [--workspace DIR] [--gemini PATH] [-- GEMINI_ARGS...]: Gemini CLI in the staged view (docs/agents.md)", runGemini},
 		{"acp", "acp [-m MOUNT | mount flags] [--workspace DIR] -- AGENT_CMD [ARGS...]: an ACP agent that runs AGENT_CMD in the staged view (docs/acp.md)", runACP},
 		{"hook", "hook AGENT | hook bind SCOPE: what an agent's hooks run (wired by stagefs claude)", runHook},
+		{"branch", "branch NAME [--from BRANCH] | branch --drop NAME: fork the view into a branch with its own pending set and mount (docs/branches.md)", runBranch},
+		{"branches", "branches: list the mount's branches", runBranches},
+		{"merge", "merge NAME [--into PARENT] [--force] [PATH...]: apply what a branch changed since its fork to its parent", runMerge},
 		{"scratch", "scratch [--drop]: list (or delete) what runs wrote under $HOME, /tmp and /var/tmp: the mount's scratch layer", runScratch},
 	}
 }

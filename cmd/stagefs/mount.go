@@ -56,6 +56,9 @@ type mountConfig struct {
 	outside   string
 	allow     []string
 	recovered recovery // what the daemon found at start-up
+	// mainState is the mount's state dir when this config serves one of
+	// its branches (whose state dir is inside it); "" for the main view.
+	mainState string
 }
 
 func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {

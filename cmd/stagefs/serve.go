@@ -17,14 +17,13 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"stagefs/backend"
+	"stagefs/branch"
 	"stagefs/control"
-	"stagefs/fusefs"
 	"stagefs/journal"
 	"stagefs/overlay"
 	"stagefs/sandbox"
@@ -92,108 +91,28 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 	defer lock.Close()
 	// Before the mount is ready: no run of this mount may start with the
 	// settings of an earlier daemon.
-	settings := sandbox.Settings{Outside: cfg.outside, Allow: cfg.allow}
-	if err := sandbox.SaveSettings(cfg.state, settings); err != nil {
+	if err := sandbox.SaveSettings(cfg.state, sandboxSettings(cfg)); err != nil {
 		return err
 	}
-	if err := clearStaleMount(cfg.mountpoint); err != nil {
-		return err
-	}
-	jr, info, err := journal.Open(filepath.Join(cfg.state, "journal.log"), journal.Options{})
-	if err != nil {
-		return fmt.Errorf("journal: %w", err)
-	}
-	defer jr.Close()
-	// At a clean exit nothing is in flight: the next start reads only what
-	// comes after (deferred after Close, so it runs first). Only once the
-	// start-up has finished what a crash interrupted: an early error must
-	// leave an unfinished commit where the next start looks for it.
-	recovered := false
-	defer func() {
-		if !recovered {
-			return
-		}
-		if err := jr.Checkpoint(); err != nil {
-			logger.Printf("%v", err)
-		}
-	}()
-	if info.TornBytes > 0 {
-		logger.Printf("journal: cut a torn tail of %d bytes (kept in %s)", info.TornBytes, info.BrokenCopy)
-	}
-	unfinished, err := overlay.UnfinishedCommit(jr, info.CheckpointSeq)
-	if err != nil {
-		return fmt.Errorf("journal: %w", err)
-	}
-	snaps, err := snapshot.Open(filepath.Join(cfg.state, "snapshots"), snapshot.Options{ByteCap: cfg.snapshotCap, Lazy: overlay.ToolCallScope, Workspace: cfg.workspace})
-	if err != nil {
-		return fmt.Errorf("snapshots: %w", err)
-	}
-	// The backend before the engine: the engine's callbacks are its.
-	b := backend.New(backend.Config{
-		Version:   version,
-		Workspace: cfg.workspace,
-		Mount:     cfg.mountpoint,
-		StateDir:  cfg.state,
-		Journal:   jr,
-		Deny:      cfg.deny,
-		Hide:      cfg.hide,
-		Sandbox:   settings,
-	})
-	eng, err := overlay.New(engineOptions(cfg, mode, jr, snaps, b, logger.Printf))
+	branches := branch.NewManager(branch.Config{State: cfg.state, Logf: logger.Printf})
+	st, err := openStage(cfg, mode, stageOptions{
+		branches: branches.Infos,
+		register: func(s *control.Server) { control.RegisterBranches(s, branches) },
+	}, logger)
 	if err != nil {
 		return err
 	}
-	defer eng.Close()
-	var rec recovery
-	rec.TornJournalBytes = info.TornBytes
-	if len(unfinished) > 0 {
-		res := eng.Recover(unfinished)
-		logger.Printf("finished an interrupted commit: %d committed, %d conflicts, %d failed", len(res.Committed), len(res.Conflicts), len(res.Failed))
-		rec.Commit = &commitRecovery{Committed: len(res.Committed), Conflicts: len(res.Conflicts), Failed: len(res.Failed)}
+	defer st.close()
+	// The branches are served by this daemon too, each at its own mount
+	// point; they stop before the main view.
+	if err := branches.Start(st.view(), &branchHost{cfg: cfg, mode: mode, manager: branches, logger: logger}); err != nil {
+		logger.Printf("branches: %v", err)
 	}
-	// Recovered, and nothing in flight yet: later starts begin here,
-	// unless the commit could not be finished (Recover could not even
-	// journal its own begin): then the next start must see it again.
-	if left, err := overlay.UnfinishedCommit(jr, info.CheckpointSeq); err == nil && len(left) == 0 {
-		recovered = true
-		if err := jr.Checkpoint(); err != nil {
-			logger.Printf("%v", err)
-		}
-	}
-	mfs, err := fusefs.Mount(cfg.mountpoint, eng, fusefs.Options{
-		Timeout:       cfg.timeout,
-		Debug:         cfg.debug,
-		NoPassthrough: cfg.noPassthrough,
-		Name:          stagefsSourcePrefix + cfg.state,
-		Logf:          logger.Printf,
-	})
-	if err != nil {
-		// go-fuse ends some messages with a newline; the hint goes on the same line.
-		return fmt.Errorf("mount %s: %s%s", cfg.mountpoint, strings.TrimSpace(err.Error()), mountHint(err))
-	}
-	server := mfs.Server()
-	l, err := control.Listen(socketPath(cfg.state))
-	if err != nil {
-		server.Unmount()
-		return fmt.Errorf("control socket: %w", err)
-	}
-	ctl := control.NewServer(b, control.ServerOptions{Logf: logger.Printf})
-	b.Start(eng, snaps, mfs, ctl)
-	go ctl.Serve(l)
-	defer func() {
-		ctl.Close()
-		os.Remove(socketPath(cfg.state))
-	}()
-	hooks, err := serveHooks(b, cfg.state, logger)
-	if err != nil {
-		server.Unmount()
-		return err
-	}
-	defer hooks.Close()
+	defer branches.Close()
 	// Logged before the mount is reported ready, so it is there to read.
-	logger.Printf("passthrough of pending bodies: %s", mfs.Passthrough())
+	logger.Printf("passthrough of pending bodies: %s", st.mfs.Passthrough())
 	if ready != nil {
-		reportReady(ready, rec, b, snaps)
+		reportReady(ready, st.rec, st.b, st.snaps)
 	}
 	logger.Printf("serving %s over %s (state %s, mode %s)", cfg.mountpoint, cfg.workspace, cfg.state, mode)
 
@@ -204,16 +123,26 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 			defer func() { pprof.StopCPUProfile(); f.Close() }()
 		}
 	}
-	serveUntilUnmounted(ctx, server, cfg, logger)
+	serveUntilUnmounted(ctx, st.mfs.Server(), cfg, logger)
 	return nil
+}
+
+// sandboxSettings is what the runs of the mount cfg describes may write
+// outside the workspace.
+func sandboxSettings(cfg *mountConfig) sandbox.Settings {
+	return sandbox.Settings{Outside: cfg.outside, Allow: cfg.allow}
 }
 
 // engineOptions are the engine's options for the mount cfg describes; its
 // callbacks are the backend's.
 func engineOptions(cfg *mountConfig, mode overlay.Mode, jr *journal.Journal, snaps *snapshot.Store, b *backend.Backend, logf func(string, ...any)) overlay.Options {
 	var hidden []string
-	if within(cfg.state, cfg.workspace) {
-		rel, _ := filepath.Rel(cfg.workspace, cfg.state)
+	state := cfg.state
+	if cfg.mainState != "" {
+		state = cfg.mainState // a branch's is inside it
+	}
+	if within(state, cfg.workspace) {
+		rel, _ := filepath.Rel(cfg.workspace, state)
 		hidden = append(hidden, filepath.ToSlash(rel))
 	}
 	return overlay.Options{

@@ -14,6 +14,7 @@ type Level int
 const (
 	TurnMu     Level = iota + 1 // overlay.Engine.turnMu
 	CommitMu                    // overlay.Engine.commitMu
+	HeldGate                    // a branch's Engine.changeGate, held whole by a merge from it
 	TextMu                      // overlay.Engine.textMu
 	ChangeGate                  // overlay.Engine.changeGate
 	EngineMu                    // overlay.Engine.mu
@@ -27,6 +28,8 @@ func (l Level) String() string {
 		return "Engine.turnMu"
 	case CommitMu:
 		return "Engine.commitMu"
+	case HeldGate:
+		return "Engine.changeGate (held by a merge)"
 	case TextMu:
 		return "Engine.textMu"
 	case ChangeGate:

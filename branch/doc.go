@@ -1,0 +1,27 @@
+// Package branch keeps a mount's branches: forks of its main view (or of
+// another branch) with a pending set, journal, snapshots and turns of
+// their own, each served by the daemon at a mount point and a control
+// socket of its own, so that agents working in parallel never see each
+// other's half-done changes.
+//
+// A branch is made by overlay.Engine.Fork, which copies the parent's
+// pending set under its change gate: the cost is the pending set's, never
+// the workspace's. Its state lives in STATE/branches/NAME (NAME/mnt is its
+// mount point); STATE/branches/branches.json lists the branches, parents
+// before their children.
+//
+// Each branch keeps an open snapshot of its fork point (overlay.ForkScope):
+// it captures the first change of each path by anyone in the branch, so a
+// merge knows, path by path, what the branch changed and what the path was
+// at the fork. A merge applies to the parent's pending set each path the
+// branch changed, unless the parent changed it too since the fork (its
+// version now is neither the fork's nor the branch's): that path is a
+// conflict, kept in the branch, applied only when forced. A merge is
+// journaled in the parent (merge_begin, merge_end) and finished at the
+// next start when a crash stops it. After a merge the branch's fork point
+// moves to now, keeping the conflicting paths' fork versions.
+//
+// Lock order: Manager.mu is taken before any engine lock (a fork holds the
+// parent's change gate under it), and never while a merge waits on an
+// engine.
+package branch

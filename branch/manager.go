@@ -1,0 +1,326 @@
+package branch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"stagefs/control"
+	"stagefs/internal/atomicfile"
+	"stagefs/overlay"
+	"stagefs/snapshot"
+)
+
+// View is one view the daemon serves, the main view or a branch: what the
+// manager needs of it.
+type View struct {
+	Engine    *overlay.Engine
+	Snapshots *snapshot.Store
+	StateDir  string
+	Mount     string
+	Socket    string
+	// Close unmounts the view and stops serving it.
+	Close func()
+	// Invalidate drops what the kernel caches of paths in the view's
+	// mount, after a merge changed them behind its back.
+	Invalidate func(paths []string)
+	// UnfinishedMerge is a merge into this view a crash interrupted,
+	// found in its journal at start-up.
+	UnfinishedMerge *overlay.MergeIntent
+}
+
+// Host opens a branch's view: the daemon mounts the pending set in
+// stateDir at mountpoint and serves its control socket.
+type Host interface {
+	OpenBranch(name, stateDir, mountpoint string) (View, error)
+}
+
+// Config configures a Manager.
+type Config struct {
+	State string // the mount's state dir
+	Logf  func(format string, args ...any)
+}
+
+// record is a branch as branches.json keeps it.
+type record struct {
+	Name     string `json:"name"`
+	Parent   string `json:"parent"` // control.MainBranch or a branch's name
+	ForkedAt int64  `json:"forkedAt"`
+	// Fork numbers the branch's current fork point (overlay.ForkScope).
+	Fork int `json:"fork"`
+}
+
+// Manager keeps a mount's branches. Its methods answer the branch/*
+// control methods.
+type Manager struct {
+	cfg Config
+
+	// mu is held through every fork, drop and merge, and while the
+	// registry or the open views are read or changed.
+	mu    sync.Mutex
+	host  Host
+	main  *View
+	reg   []record         // parents before their children
+	views map[string]*View // open branches by name
+}
+
+// NewManager returns a manager that answers "not started" until Start.
+func NewManager(cfg Config) *Manager {
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	return &Manager{cfg: cfg, views: map[string]*View{}}
+}
+
+func (m *Manager) dir() string                { return filepath.Join(m.cfg.State, "branches") }
+func (m *Manager) stateOf(name string) string { return filepath.Join(m.dir(), name) }
+func (m *Manager) registryPath() string       { return filepath.Join(m.dir(), "branches.json") }
+
+// Start opens every branch the registry lists, parents first, and removes
+// what a crash left of a branch being made or dropped.
+func (m *Manager) Start(main View, host Host) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.main, m.host = &main, host
+	b, err := os.ReadFile(m.registryPath())
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if len(b) > 0 {
+		if err := json.Unmarshal(b, &m.reg); err != nil {
+			return fmt.Errorf("%s: %w", m.registryPath(), err)
+		}
+	}
+	known := map[string]bool{}
+	var kept []record
+	var errs []error
+	for _, r := range m.reg {
+		if !control.ValidBranchName(r.Name) || (r.Parent != control.MainBranch && !known[r.Parent]) {
+			errs = append(errs, fmt.Errorf("branch %q (parent %q): not a branch this mount can serve; left in %s", r.Name, r.Parent, m.dir()))
+			continue
+		}
+		v, err := m.open(r)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("branch %s: %w", r.Name, err))
+			continue
+		}
+		known[r.Name] = true
+		kept = append(kept, r)
+		m.views[r.Name] = v
+	}
+	m.reg = kept
+	m.removeStrays(known)
+	if err := m.finishMerges(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// open serves the branch r and makes sure its fork point is open.
+func (m *Manager) open(r record) (*View, error) {
+	v, err := m.host.OpenBranch(r.Name, m.stateOf(r.Name), filepath.Join(m.stateOf(r.Name), "mnt"))
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range v.Snapshots.List() {
+		if overlay.IsForkScope(s.ScopeID) && s.ScopeID != overlay.ForkScope(r.Fork) {
+			// A next fork point a crash stopped a merge from taking.
+			v.Engine.DropSnapshot(s.ScopeID)
+		}
+	}
+	if info, ok := v.Snapshots.Lookup(overlay.ForkScope(r.Fork)); !ok || info.Closed {
+		// Made just before a crash, before its fork point was open:
+		// nothing could change it in between.
+		if _, err := v.Engine.OpenSnapshot(overlay.ForkScope(r.Fork), "", 0, nil); err != nil {
+			v.Close()
+			return nil, fmt.Errorf("open its fork point: %w", err)
+		}
+	}
+	return &v, nil
+}
+
+// removeStrays removes the directories of branches the registry does not
+// list: a fork a crash stopped before it was registered, or a drop after.
+func (m *Manager) removeStrays(known map[string]bool) {
+	ents, err := os.ReadDir(m.dir())
+	if err != nil {
+		return
+	}
+	for _, d := range ents {
+		if d.IsDir() && !known[d.Name()] {
+			if err := os.RemoveAll(filepath.Join(m.dir(), d.Name())); err != nil {
+				m.cfg.Logf("branches: remove %s: %v", d.Name(), err)
+			}
+		}
+	}
+}
+
+// Close stops serving every branch, children first.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := len(m.reg) - 1; i >= 0; i-- {
+		if v := m.views[m.reg[i].Name]; v != nil {
+			v.Close()
+		}
+	}
+	m.views = map[string]*View{}
+}
+
+// saveLocked writes the registry durably.
+func (m *Manager) saveLocked() error {
+	b, err := json.MarshalIndent(m.reg, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(m.registryPath(), append(b, '\n'), 0o600)
+}
+
+func (m *Manager) started() error {
+	if m.main == nil {
+		return control.Errorf(control.CodeInvalidState, "the branches are not served yet; try again")
+	}
+	return nil
+}
+
+// viewLocked returns the view named name: the main view or a branch.
+func (m *Manager) viewLocked(name string) (*View, error) {
+	if name == "" || name == control.MainBranch {
+		return m.main, nil
+	}
+	if v := m.views[name]; v != nil {
+		return v, nil
+	}
+	return nil, control.Errorf(control.CodeNotFound, "no branch %q (stagefs branches lists them)", name)
+}
+
+func (m *Manager) recordLocked(name string) *record {
+	for i := range m.reg {
+		if m.reg[i].Name == name {
+			return &m.reg[i]
+		}
+	}
+	return nil
+}
+
+// CreateBranch forks p.Name from p.From (the main view by default).
+func (m *Manager) CreateBranch(ctx context.Context, p control.BranchParams) (control.BranchInfo, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.started(); err != nil {
+		return control.BranchInfo{}, err
+	}
+	if m.recordLocked(p.Name) != nil {
+		return control.BranchInfo{}, control.Errorf(control.CodeInvalidState, "branch %s exists already", p.Name)
+	}
+	parent, err := m.viewLocked(p.From)
+	if err != nil {
+		return control.BranchInfo{}, err
+	}
+	from := p.From
+	if from == "" {
+		from = control.MainBranch
+	}
+	state := m.stateOf(p.Name)
+	if err := os.RemoveAll(state); err != nil { // a stray a crash left
+		return control.BranchInfo{}, err
+	}
+	if err := os.MkdirAll(filepath.Join(state, "mnt"), 0o700); err != nil {
+		return control.BranchInfo{}, err
+	}
+	if err := parent.Engine.Fork(state); err != nil {
+		os.RemoveAll(state)
+		return control.BranchInfo{}, control.Errorf(control.CodeInvalidState, "fork %s: %v", from, err)
+	}
+	r := record{Name: p.Name, Parent: from, ForkedAt: time.Now().UnixNano()}
+	m.reg = append(m.reg, r)
+	if err := m.saveLocked(); err != nil {
+		m.reg = m.reg[:len(m.reg)-1]
+		os.RemoveAll(state)
+		return control.BranchInfo{}, err
+	}
+	v, err := m.open(r)
+	if err != nil {
+		// Registered: the next start serves it, or says why not.
+		return control.BranchInfo{}, fmt.Errorf("branch %s was made but cannot be served: %w", p.Name, err)
+	}
+	m.views[p.Name] = v
+	return m.infoLocked(r), nil
+}
+
+// DropBranch stops serving a branch and removes it with its pending set.
+func (m *Manager) DropBranch(ctx context.Context, p control.BranchParams) (control.BranchInfo, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.started(); err != nil {
+		return control.BranchInfo{}, err
+	}
+	r := m.recordLocked(p.Name)
+	if r == nil {
+		return control.BranchInfo{}, control.Errorf(control.CodeNotFound, "no branch %q (stagefs branches lists them)", p.Name)
+	}
+	for _, c := range m.reg {
+		if c.Parent == p.Name {
+			return control.BranchInfo{}, control.Errorf(control.CodeInvalidState, "branch %s has a branch of its own, %s: drop that first", p.Name, c.Name)
+		}
+	}
+	info := m.infoLocked(*r)
+	if v := m.views[p.Name]; v != nil {
+		v.Close()
+		delete(m.views, p.Name)
+	}
+	var kept []record
+	for _, c := range m.reg {
+		if c.Name != p.Name {
+			kept = append(kept, c)
+		}
+	}
+	m.reg = kept
+	if err := m.saveLocked(); err != nil {
+		return info, err
+	}
+	if err := os.RemoveAll(m.stateOf(p.Name)); err != nil {
+		m.cfg.Logf("branches: remove %s: %v (removed at the next start)", p.Name, err)
+	}
+	return info, nil
+}
+
+// ListBranches lists the branches, oldest first.
+func (m *Manager) ListBranches(ctx context.Context) (control.ListBranchesResult, error) {
+	res := control.ListBranchesResult{Branches: m.Infos()}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.started(); err != nil {
+		return res, err
+	}
+	res.MainMount, res.MainSocket = m.main.Mount, m.main.Socket
+	return res, nil
+}
+
+// Infos describes every branch, oldest first.
+func (m *Manager) Infos() []control.BranchInfo {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := []control.BranchInfo{}
+	for _, r := range m.reg {
+		out = append(out, m.infoLocked(r))
+	}
+	return out
+}
+
+func (m *Manager) infoLocked(r record) control.BranchInfo {
+	info := control.BranchInfo{Name: r.Name, Parent: r.Parent, ForkedAt: r.ForkedAt}
+	if v := m.views[r.Name]; v != nil {
+		info.Mount, info.Socket = v.Mount, v.Socket
+		for _, c := range v.Engine.Pending(nil) {
+			info.Pending++
+			info.PendingBytes += c.Bytes
+		}
+	}
+	return info
+}

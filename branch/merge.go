@@ -1,0 +1,476 @@
+package branch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"stagefs/control"
+	"stagefs/internal/contenthash"
+	"stagefs/internal/fdio"
+	"stagefs/overlay"
+	"stagefs/snapshot"
+)
+
+// version is what a view shows at a path, as far as a merge compares it:
+// the kind, the permission bits, and the content or link target. Times
+// and owners are not compared; a merge carries them over with the rest.
+type version struct {
+	kind   string // "absent", "file", "dir", "symlink" or "special"
+	mode   uint32 // permission bits
+	hash   contenthash.Hash
+	size   int64
+	target string
+}
+
+func (v version) same(o version) bool {
+	if v.kind != o.kind {
+		return false
+	}
+	switch v.kind {
+	case "absent":
+		return true
+	case "file":
+		return v.hash == o.hash && v.mode == o.mode
+	case "symlink":
+		return v.target == o.target
+	}
+	return v.mode == o.mode
+}
+
+func (v version) String() string {
+	switch v.kind {
+	case "file":
+		return fmt.Sprintf("file %s (%d bytes, mode %04o)", v.hash, v.size, v.mode)
+	case "symlink":
+		return "symlink to " + v.target
+	case "dir", "special":
+		return fmt.Sprintf("%s (mode %04o)", v.kind, v.mode)
+	}
+	return v.kind
+}
+
+// entryVersion is the version a fork point's snapshot captured.
+func entryVersion(e snapshot.Entry) version {
+	switch e.Kind {
+	case snapshot.KindFile:
+		return version{kind: "file", mode: e.Mode & 0o7777, hash: e.Hash, size: e.Size}
+	case snapshot.KindDir:
+		return version{kind: "dir", mode: e.Mode & 0o7777}
+	case snapshot.KindSymlink:
+		return version{kind: "symlink", target: e.Target}
+	}
+	return version{kind: "absent"}
+}
+
+// viewVersion reads the version eng's view has at p.
+func viewVersion(eng *overlay.Engine, p string) (version, error) {
+	st, err := eng.Stat(p)
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENOTDIR) {
+		return version{kind: "absent"}, nil
+	}
+	if err != nil {
+		return version{}, err
+	}
+	mode := st.Mode & 0o7777
+	switch st.Mode & syscall.S_IFMT {
+	case syscall.S_IFDIR:
+		return version{kind: "dir", mode: mode}, nil
+	case syscall.S_IFLNK:
+		target, err := eng.Readlink(p)
+		return version{kind: "symlink", target: target}, err
+	case syscall.S_IFREG:
+		f, err := eng.Open(p, unix.O_RDONLY, overlay.Caller{})
+		if err != nil {
+			return version{}, err
+		}
+		defer eng.Release(p, f, overlay.Caller{})
+		h, err := contenthash.Of(fdio.Reader(f.Fd))
+		return version{kind: "file", mode: mode, hash: h, size: st.Size}, err
+	}
+	return version{kind: "special", mode: mode}, nil
+}
+
+// change is one path a merge looks at: what it was at the fork, in the
+// branch and in the parent now.
+type change struct {
+	path                 string
+	fork, branch, parent version
+	unknown              bool // the fork's version was not captured
+}
+
+// Merge applies what branch p.Name changed since its fork point to its
+// parent's pending set.
+func (m *Manager) Merge(ctx context.Context, p control.MergeParams) (control.MergeResult, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.started(); err != nil {
+		return control.MergeResult{}, err
+	}
+	r := m.recordLocked(p.Name)
+	if r == nil {
+		return control.MergeResult{}, control.Errorf(control.CodeNotFound, "no branch %q (stagefs branches lists them)", p.Name)
+	}
+	if p.Into != "" && p.Into != r.Parent {
+		return control.MergeResult{}, control.Errorf(control.CodeInvalidParams, "branch %s was forked from %s: it merges only into %s", p.Name, r.Parent, r.Parent)
+	}
+	res, err := m.mergeLocked(r, overlay.MergeIntent{Branch: p.Name, Paths: p.Paths, Force: p.Force})
+	if pv, _ := m.viewLocked(r.Parent); pv != nil && pv.Invalidate != nil && len(res.Merged) > 0 {
+		pv.Invalidate(res.Merged)
+	}
+	return res, err
+}
+
+// mergeLocked merges the branch r into its parent: plans, journals the
+// intent in the parent, applies, moves the branch's fork point, and ends
+// the intent. It is also what finishes a merge a crash interrupted: a path
+// applied already shows the branch's version in the parent, and is
+// counted merged again.
+func (m *Manager) mergeLocked(r *record, in overlay.MergeIntent) (control.MergeResult, error) {
+	res := control.MergeResult{Merged: []string{}, Conflicts: []control.MergeConflict{}, Failed: []control.Failure{}}
+	bv := m.views[r.Name]
+	pv, err := m.viewLocked(r.Parent)
+	if bv == nil || err != nil {
+		return res, control.Errorf(control.CodeInvalidState, "branch %s or its parent %s is not served", r.Name, r.Parent)
+	}
+	// Nothing changes in the branch until its fork point has moved.
+	release := bv.Engine.HoldChanges()
+	defer release()
+	scope := overlay.ForkScope(r.Fork)
+	entries, err := bv.Snapshots.Entries(scope)
+	if err != nil {
+		return res, fmt.Errorf("branch %s: its fork point: %w", r.Name, err)
+	}
+	info, _ := bv.Snapshots.Lookup(scope)
+	var changes []change
+	done := map[string]bool{} // merged or the same on both sides: leaves the fork point
+	for _, c := range m.plan(bv, pv, entries, info.Uncaptured, in.Paths, &res) {
+		switch {
+		case c.branch.same(c.fork) && !c.unknown:
+			// Changed and changed back: nothing to merge.
+			done[c.path] = true
+		case c.parent.same(c.branch):
+			done[c.path] = true
+			res.Merged = append(res.Merged, c.path)
+		case (c.unknown || !c.parent.same(c.fork)) && !in.Force:
+			fork := c.fork.String()
+			if c.unknown {
+				fork = "not captured (the snapshot store was full)"
+			}
+			res.Conflicts = append(res.Conflicts, control.MergeConflict{Path: c.path, Fork: fork, Branch: c.branch.String(), Parent: c.parent.String()})
+		default:
+			changes = append(changes, c)
+		}
+	}
+	if len(changes) > 0 {
+		paths := make([]string, 0, len(changes))
+		for _, c := range changes {
+			paths = append(paths, c.path)
+		}
+		if err := pv.Engine.NoteMergeBegin(overlay.MergeIntent{Branch: r.Name, Paths: paths, Force: in.Force}); err != nil {
+			return res, fmt.Errorf("journal the merge: %w", err)
+		}
+		for _, c := range applyOrder(changes) {
+			if err := apply(bv.Engine, pv.Engine, c); err != nil {
+				res.Failed = append(res.Failed, control.Failure{Path: c.path, Reason: err.Error()})
+				continue
+			}
+			done[c.path] = true
+			res.Merged = append(res.Merged, c.path)
+		}
+	}
+	if err := m.moveForkPoint(r, bv, entries, info.Uncaptured, done); err != nil {
+		res.Failed = append(res.Failed, control.Failure{Path: "", Reason: "move the branch's fork point: " + err.Error()})
+	}
+	if len(changes) > 0 {
+		sum, _ := json.Marshal(map[string]int{"merged": len(res.Merged), "conflicts": len(res.Conflicts), "failed": len(res.Failed)})
+		if err := pv.Engine.NoteMergeEnd(string(sum)); err != nil {
+			m.cfg.Logf("branches: journal the end of a merge of %s: %v", r.Name, err)
+		}
+	}
+	sort.Strings(res.Merged)
+	return res, nil
+}
+
+// plan lists the paths the fork point captured (at or below only, when
+// given), with their three versions. A directory the branch renamed is
+// not merged yet: its paths are reported failed.
+func (m *Manager) plan(bv, pv *View, entries []snapshot.Entry, uncaptured, only []string, res *control.MergeResult) []change {
+	var out []change
+	seen := map[string]bool{}
+	add := func(p string, fork version, unknown bool) {
+		if seen[p] || !selected(p, only) {
+			return
+		}
+		seen[p] = true
+		b, err := viewVersion(bv.Engine, p)
+		if err != nil {
+			res.Failed = append(res.Failed, control.Failure{Path: p, Reason: "read it in the branch: " + err.Error()})
+			return
+		}
+		pa, err := viewVersion(pv.Engine, p)
+		if err != nil {
+			res.Failed = append(res.Failed, control.Failure{Path: p, Reason: "read it in the parent: " + err.Error()})
+			return
+		}
+		out = append(out, change{path: p, fork: fork, branch: b, parent: pa, unknown: unknown})
+	}
+	for _, e := range entries {
+		if e.Kind == snapshot.KindMoved {
+			if selected(e.Path, only) || selected(e.From, only) {
+				seen[e.Path], seen[e.From] = true, true
+				res.Failed = append(res.Failed, control.Failure{Path: e.Path, Reason: fmt.Sprintf("the branch renamed the directory %s to %s: merging directory renames is not supported yet; merge the other paths, or move it back in the branch and copy it instead", e.From, e.Path)})
+			}
+			continue
+		}
+		add(e.Path, entryVersion(e), false)
+	}
+	for _, p := range uncaptured {
+		add(p, version{kind: "absent"}, true)
+	}
+	return out
+}
+
+// selected reports whether p is at or below one of only (all when none).
+func selected(p string, only []string) bool {
+	if len(only) == 0 {
+		return true
+	}
+	for _, q := range only {
+		if q == "" || p == q || strings.HasPrefix(p, q+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// applyOrder puts removals first, deepest first, then the rest,
+// shallowest first: a directory is emptied before it goes, and made before
+// what goes in it.
+func applyOrder(cs []change) []change {
+	depth := func(p string) int { return strings.Count(p, "/") }
+	out := append([]change(nil), cs...)
+	sort.SliceStable(out, func(i, j int) bool {
+		ai, aj := out[i].branch.kind == "absent", out[j].branch.kind == "absent"
+		if ai != aj {
+			return ai
+		}
+		if ai {
+			return depth(out[i].path) > depth(out[j].path)
+		}
+		return depth(out[i].path) < depth(out[j].path)
+	})
+	return out
+}
+
+// mergeCaller makes the merge's changes in the parent: a host edit, so the
+// parent's open snapshots and turn capture them like any other change.
+var mergeCaller = overlay.Caller{Host: true, Comm: "stagefs-merge"}
+
+// apply makes the parent's view show at c.path what the branch's shows.
+func apply(b, p *overlay.Engine, c change) error {
+	if c.branch.kind == "absent" {
+		return removeEntry(p, c.path)
+	}
+	if err := makeParents(b, p, c.path); err != nil {
+		return err
+	}
+	// What is in the way goes first, unless it can be changed in place.
+	if c.parent.kind != "absent" && !(c.parent.kind == c.branch.kind && (c.branch.kind == "file" || c.branch.kind == "dir")) {
+		if err := removeEntry(p, c.path); err != nil {
+			return err
+		}
+	}
+	switch c.branch.kind {
+	case "dir":
+		if c.parent.kind != "dir" {
+			if _, err := p.Mkdir(c.path, c.branch.mode, ownerOf(b, c.path)); err != nil {
+				return err
+			}
+		}
+		return chmod(p, c.path, c.branch.mode)
+	case "symlink":
+		_, err := p.Symlink(c.branch.target, c.path, ownerOf(b, c.path))
+		return err
+	case "file":
+		return copyFile(b, p, c.path, c.branch.mode, c.branch.size, c.parent.kind == "file")
+	}
+	return fmt.Errorf("a %s is not merged", c.branch.kind)
+}
+
+// copyFile writes the branch's file p into the parent.
+func copyFile(b, p *overlay.Engine, path string, mode uint32, size int64, exists bool) error {
+	src, err := b.Open(path, unix.O_RDONLY, overlay.Caller{})
+	if err != nil {
+		return err
+	}
+	defer b.Release(path, src, overlay.Caller{})
+	var dst *overlay.File
+	if exists {
+		dst, err = p.Open(path, unix.O_WRONLY|unix.O_TRUNC, mergeCaller)
+	} else {
+		dst, _, err = p.Create(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, mode, ownerOf(b, path))
+	}
+	if err != nil {
+		return err
+	}
+	_, err = fdio.Copy(src.Fd, dst.Fd, size)
+	p.Release(path, dst, mergeCaller)
+	if err != nil {
+		return err
+	}
+	return chmod(p, path, mode)
+}
+
+// ownerOf is the merge's caller for making path in the parent: owned as
+// the branch has it.
+func ownerOf(b *overlay.Engine, path string) overlay.Caller {
+	c := mergeCaller
+	if st, err := b.Stat(path); err == nil {
+		c.Uid, c.Gid = st.Uid, st.Gid
+	}
+	return c
+}
+
+func chmod(p *overlay.Engine, path string, mode uint32) error {
+	st, err := p.Stat(path)
+	if err != nil {
+		return err
+	}
+	if st.Mode&0o7777 == mode {
+		return nil
+	}
+	_, err = p.Setattr(path, -1, overlay.SetAttr{Mode: &mode}, mergeCaller)
+	return err
+}
+
+// makeParents makes the directories above path that the parent lacks,
+// with the branch's modes.
+func makeParents(b, p *overlay.Engine, path string) error {
+	dir := ""
+	for _, name := range strings.Split(path, "/")[:strings.Count(path, "/")] {
+		dir = joinPath(dir, name)
+		st, err := p.Stat(dir)
+		if err == nil && st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+			continue
+		}
+		if err == nil {
+			if err := removeEntry(p, dir); err != nil {
+				return err
+			}
+		}
+		mode := uint32(0o755)
+		if bst, err := b.Stat(dir); err == nil {
+			mode = bst.Mode & 0o7777
+		}
+		if _, err := p.Mkdir(dir, mode, ownerOf(b, dir)); err != nil && !errors.Is(err, syscall.EEXIST) {
+			return err
+		}
+	}
+	return nil
+}
+
+// removeEntry removes path from the parent's view. A directory goes only
+// when empty: the branch's removals of what was in it come first (deepest
+// first), and what the parent put in it since the fork is not the
+// branch's to remove.
+func removeEntry(p *overlay.Engine, path string) error {
+	st, err := p.Stat(path)
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENOTDIR) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		return p.Unlink(path, mergeCaller)
+	}
+	err = p.Rmdir(path, mergeCaller)
+	if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
+		return errors.New("the branch removed this directory, but in the parent it holds entries made since the fork: merge those or remove them first")
+	}
+	return err
+}
+
+func joinPath(dir, name string) string {
+	if dir == "" {
+		return name
+	}
+	return dir + "/" + name
+}
+
+// moveForkPoint opens the branch's next fork point, carrying over the
+// fork's versions of the paths the merge did not take (conflicts, failures,
+// paths not selected), then drops the old one. The branch holds still
+// meanwhile (HoldChanges), so nothing falls between the two.
+func (m *Manager) moveForkPoint(r *record, bv *View, entries []snapshot.Entry, uncaptured []string, done map[string]bool) error {
+	next := overlay.ForkScope(r.Fork + 1)
+	bv.Snapshots.Drop(next) // a stray a crash left
+	if _, err := bv.Engine.OpenSnapshot(next, "", 0, nil); err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if done[e.Path] {
+			continue
+		}
+		if err := bv.Snapshots.Add(next, e); err != nil {
+			bv.Snapshots.Drop(next)
+			return err
+		}
+	}
+	for _, p := range uncaptured {
+		if !done[p] {
+			if err := bv.Snapshots.MarkUncaptured(next, p); err != nil {
+				bv.Snapshots.Drop(next)
+				return err
+			}
+		}
+	}
+	old := r.Fork
+	r.Fork, r.ForkedAt = r.Fork+1, time.Now().UnixNano()
+	if err := m.saveLocked(); err != nil {
+		r.Fork = old
+		bv.Snapshots.Drop(next)
+		return err
+	}
+	if err := bv.Engine.DropSnapshot(overlay.ForkScope(old)); err != nil {
+		m.cfg.Logf("branches: drop the old fork point of %s: %v", r.Name, err)
+	}
+	return nil
+}
+
+// finishMerges finishes the merges a crash interrupted, as the views'
+// journals show them.
+func (m *Manager) finishMerges() error {
+	var errs []error
+	views := []*View{m.main}
+	for _, r := range m.reg {
+		views = append(views, m.views[r.Name])
+	}
+	for _, v := range views {
+		if v == nil || v.UnfinishedMerge == nil {
+			continue
+		}
+		in := *v.UnfinishedMerge
+		r := m.recordLocked(in.Branch)
+		if r == nil {
+			errs = append(errs, fmt.Errorf("a merge of branch %s was interrupted, but the branch is gone", in.Branch))
+			continue
+		}
+		res, err := m.mergeLocked(r, in)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("finish the merge of %s: %w", in.Branch, err))
+			continue
+		}
+		m.cfg.Logf("finished an interrupted merge of %s: %d merged, %d conflicts, %d failed", in.Branch, len(res.Merged), len(res.Conflicts), len(res.Failed))
+		v.UnfinishedMerge = nil
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,198 @@
+package test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"stagefs/control"
+)
+
+// runInBranch runs script with sh at the workspace's own path inside
+// branch's view (stagefs run --branch).
+func (m *stagefsMount) runInBranch(branch, script string) result {
+	m.t.Helper()
+	return runIn(m.t, cmdSpec{dir: m.ws, env: []string{"PATH=" + filepath.Dir(goBin) + ":" + os.Getenv("PATH")}},
+		stagefsBin, "run", "-m", m.mnt, "--branch", branch, "--", "sh", "-ec", script)
+}
+
+func (m *stagefsMount) merge(args ...string) (control.MergeResult, result) {
+	m.t.Helper()
+	r := m.cli(append([]string{"merge", "--json"}, args...)...)
+	var res control.MergeResult
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+		m.t.Fatalf("stagefs merge %s: %v\n%s", strings.Join(args, " "), err, r)
+	}
+	return res, r
+}
+
+// Two agents work at once in two branches with real tools (sed -i, go
+// build, git, rm -rf): each sees only its own changes, the main view and
+// the workspace see neither; the first merge applies, the second finds the
+// paths both changed in conflict, and a forced merge takes the branch's.
+func TestBranchesWithRealTools(t *testing.T) {
+	parallel(t)
+	requireTool(t, "git")
+	m := mountStagefs(t, withFiles(map[string]string{
+		"go.mod":     "module app\n\ngo 1.22\n",
+		"main.go":    "package main\n\nfunc main() { println(\"v0\") }\n",
+		"shared.txt": "line 1\n",
+		"docs/a.md":  "# a\n",
+		"docs/b.md":  "# b\n",
+	}))
+	sh(t, m.ws, "git init -q && git add -A && git commit -qm init")
+	m.mustCLI("branch", "a")
+	m.mustCLI("branch", "b")
+	var list control.ListBranchesResult
+	if err := json.Unmarshal([]byte(m.mustCLI("branches", "--json")), &list); err != nil || len(list.Branches) != 2 {
+		t.Fatalf("branches: %v %+v", err, list)
+	}
+
+	var wg sync.WaitGroup
+	results := map[string]result{}
+	var mu sync.Mutex
+	for name, script := range map[string]string{
+		"a": `sed -i s/v0/va/ main.go
+go build -o app .
+./app 2> out.txt
+echo from-a >> shared.txt
+git add -A && git commit -qm a`,
+		"b": `rm -rf docs
+sed -i s/v0/vb/ main.go
+echo from-b >> shared.txt
+echo new > b-only.txt`,
+	} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := m.runInBranch(name, script)
+			mu.Lock()
+			results[name] = r
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	for name, r := range results {
+		if r.code != 0 {
+			t.Fatalf("branch %s: %s", name, r)
+		}
+	}
+	// Each branch sees its own changes only.
+	if got := m.runInBranch("a", "cat main.go out.txt; ls docs; git log --format=%s | head -1").stdout; got != "package main\n\nfunc main() { println(\"va\") }\nva\na.md\nb.md\na\n" {
+		t.Fatalf("branch a sees %q", got)
+	}
+	if got := m.runInBranch("b", "cat main.go; ls; git log --format=%s | head -1").stdout; got != "package main\n\nfunc main() { println(\"vb\") }\nb-only.txt\ngo.mod\nmain.go\nshared.txt\ninit\n" {
+		t.Fatalf("branch b sees %q", got)
+	}
+	// Neither in the main view, nor in the workspace.
+	for _, root := range []string{m.mnt, m.ws} {
+		assertFile(t, filepath.Join(root, "main.go"), "package main\n\nfunc main() { println(\"v0\") }\n")
+		assertFile(t, filepath.Join(root, "docs/a.md"), "# a\n")
+		assertMissing(t, filepath.Join(root, "app"))
+		assertMissing(t, filepath.Join(root, "b-only.txt"))
+	}
+
+	res, r := m.merge("a")
+	if r.code != 0 || len(res.Conflicts) != 0 || len(res.Failed) != 0 {
+		t.Fatalf("merge a: %s", r)
+	}
+	for _, p := range []string{"main.go", "app", "out.txt", "shared.txt"} {
+		if !contains(res.Merged, p) {
+			t.Errorf("merge a did not merge %s: %v", p, res.Merged)
+		}
+	}
+	assertFile(t, m.in("shared.txt"), "line 1\nfrom-a\n")
+	if got := sh(t, m.mnt, "./app 2>&1; git log --format=%s | head -1"); got != "va\na\n" {
+		t.Fatalf("the main view after merging a: %q", got)
+	}
+
+	// b changed main.go and shared.txt too: conflicts; the rest merges.
+	res, r = m.merge("b")
+	if r.code != 3 {
+		t.Fatalf("merge b: want exit 3 (conflicts): %s", r)
+	}
+	var conflicted []string
+	for _, c := range res.Conflicts {
+		conflicted = append(conflicted, c.Path)
+	}
+	if strings.Join(conflicted, " ") != "main.go shared.txt" {
+		t.Fatalf("merge b conflicts: %v, want main.go and shared.txt (%s)", conflicted, r)
+	}
+	for _, p := range []string{"docs", "docs/a.md", "b-only.txt"} {
+		if !contains(res.Merged, p) {
+			t.Errorf("merge b did not merge %s: %v", p, res.Merged)
+		}
+	}
+	assertMissing(t, m.in("docs"))
+	assertFile(t, m.in("b-only.txt"), "new\n")
+	assertFile(t, m.in("main.go"), "package main\n\nfunc main() { println(\"va\") }\n")
+
+	// The conflicts stay in b until forced, path by path.
+	res, r = m.merge("b", "main.go", "--force")
+	if r.code != 0 || strings.Join(res.Merged, " ") != "main.go" {
+		t.Fatalf("forced merge of main.go: %s", r)
+	}
+	assertFile(t, m.in("main.go"), "package main\n\nfunc main() { println(\"vb\") }\n")
+	res, _ = m.merge("b")
+	if len(res.Conflicts) != 1 || res.Conflicts[0].Path != "shared.txt" {
+		t.Fatalf("after the forced merge of main.go, b still conflicts on: %+v", res.Conflicts)
+	}
+
+	// A branch commits only through its parent; the workspace has
+	// changed by none of this until the main view commits.
+	if r := runIn(t, cmdSpec{dir: m.ws}, stagefsBin, "commit", "-m", m.mnt, "--branch", "a"); r.code == 0 || !strings.Contains(r.stderr, "merge it") {
+		t.Fatalf("commit in a branch: %s", r)
+	}
+	assertFile(t, m.inWS("main.go"), "package main\n\nfunc main() { println(\"v0\") }\n")
+	m.commit()
+	assertFile(t, m.inWS("main.go"), "package main\n\nfunc main() { println(\"vb\") }\n")
+	assertMissing(t, m.inWS("docs"))
+	// a's git commit, and b's changes on top of it: main.go modified,
+	// docs/a.md and docs/b.md deleted, b-only.txt new.
+	if got := sh(t, m.ws, "git log --format=%s | head -1; git status --short"); got != "a\n D docs/a.md\n D docs/b.md\n M main.go\n?? b-only.txt\n" {
+		t.Fatalf("git in the workspace after the commit: %q", got)
+	}
+
+	// Dropping: children first.
+	m.mustCLI("branch", "c", "--from", "a")
+	if r := m.cli("branch", "--drop", "a"); r.code == 0 || !strings.Contains(r.stderr, "drop that first") {
+		t.Fatalf("drop of a branch with a branch: %s", r)
+	}
+	for _, name := range []string{"c", "a", "b"} {
+		m.mustCLI("branch", "--drop", name)
+	}
+	if got := m.mustCLI("branches"); !strings.Contains(got, "no branches") {
+		t.Fatalf("branches after the drops: %q", got)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(m.state, "branches")); len(ents) != 1 { // branches.json
+		t.Fatalf("left in the state dir: %v", ents)
+	}
+}
+
+// Branches survive a restart of the daemon: served again, with what is
+// pending in them and their fork points, so a merge after the restart
+// still tells the branch's changes from the parent's.
+func TestBranchesSurviveRestart(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "base\n", "g.txt": "g\n"}))
+	m.mustCLI("branch", "x")
+	if r := m.runInBranch("x", "echo x > f.txt"); r.code != 0 {
+		t.Fatal(r)
+	}
+	sh(t, m.mnt, "echo main > g.txt")
+	m.unmount()
+	m.mount()
+	if got := m.runInBranch("x", "cat f.txt g.txt").stdout; got != "x\ng\n" {
+		t.Fatalf("branch x after the restart shows %q", got)
+	}
+	res, r := m.merge("x")
+	if r.code != 0 || fmt.Sprint(res.Merged) != "[f.txt]" {
+		t.Fatalf("merge after the restart: %s", r)
+	}
+	assertFile(t, m.in("f.txt"), "x\n")
+	assertFile(t, m.in("g.txt"), "main\n")
+}
