@@ -118,7 +118,7 @@ func TestMergeAppliesConflictsAndMovesTheForkPoint(t *testing.T) {
 
 // A merge a crash stopped after its intent was journaled is finished at
 // the next start: what it applied already counts as merged, the rest is
-// applied.
+// applied, a path it left half written included.
 func TestUnfinishedMergeIsFinishedAtStart(t *testing.T) {
 	ws, state := t.TempDir(), t.TempDir()
 	main := openView(t, ws, state)
@@ -130,8 +130,9 @@ func TestUnfinishedMergeIsFinishedAtStart(t *testing.T) {
 	b := m.views["b"].Engine
 	write(t, b, "one", "1\n")
 	write(t, b, "two", "2\n")
-	// As if the merge had applied "one" and then died.
+	// As if the merge had applied "one", truncated "two" and died there.
 	write(t, main.Engine, "one", "1\n")
+	write(t, main.Engine, "two", "")
 	m.Close()
 	main.Close()
 

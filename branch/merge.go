@@ -459,6 +459,12 @@ func (m *Manager) finishMerges() error {
 			continue
 		}
 		in := *v.UnfinishedMerge
+		// The intent lists only paths the merge had found free of
+		// conflicts (or was told to force); one it stopped half way
+		// through (a file truncated, not yet written) now looks changed
+		// in the parent too, and must be applied all the same. Nothing
+		// else could change the parent while the daemon was down.
+		in.Force = true
 		r := m.recordLocked(in.Branch)
 		if r == nil {
 			errs = append(errs, fmt.Errorf("a merge of branch %s was interrupted, but the branch is gone", in.Branch))

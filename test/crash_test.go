@@ -32,6 +32,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"stagefs/control"
 )
 
 // crashHelperEnv makes the test binary run as a helper process (the fsync
@@ -80,6 +82,7 @@ func TestCrash(t *testing.T) {
 		{"tools", crashTools},
 		{"commit", crashCommit},
 		{"restore", crashRestore},
+		{"branch", crashBranch},
 	}
 	for i, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
@@ -886,7 +889,7 @@ func walkCommitTemps(root string) []string {
 // stageGeneration stages generation g of c/: every file rewritten, a new
 // directory of files, the previous one removed, a file renamed, a mode
 // changed. Writes run on 8 goroutines, so their journal syncs are shared.
-func stageGeneration(t *testing.T, m *stagefsMount, g, files int) {
+func stageGeneration(t *testing.T, in func(string) string, g, files int) {
 	t.Helper()
 	var wg sync.WaitGroup
 	errs := make(chan error, files+16)
@@ -896,7 +899,7 @@ func stageGeneration(t *testing.T, m *stagefsMount, g, files int) {
 		go func() {
 			defer wg.Done()
 			for i := range work {
-				if err := os.WriteFile(m.in(fmt.Sprintf("c/f%03d", i)), []byte(commitContent(g, i)), 0o644); err != nil {
+				if err := os.WriteFile(in(fmt.Sprintf("c/f%03d", i)), []byte(commitContent(g, i)), 0o644); err != nil {
 					errs <- err
 				}
 			}
@@ -911,7 +914,7 @@ func stageGeneration(t *testing.T, m *stagefsMount, g, files int) {
 	for err := range errs {
 		t.Fatalf("staging generation %d: %v", g, err)
 	}
-	dir := m.in(fmt.Sprintf("c/d-%d", g))
+	dir := in(fmt.Sprintf("c/d-%d", g))
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -920,17 +923,17 @@ func stageGeneration(t *testing.T, m *stagefsMount, g, files int) {
 			t.Fatal(err)
 		}
 	}
-	if err := os.RemoveAll(m.in(fmt.Sprintf("c/d-%d", g-1))); err != nil {
+	if err := os.RemoveAll(in(fmt.Sprintf("c/d-%d", g-1))); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Rename(m.in(fmt.Sprintf("c/r-%d", g-1)), m.in(fmt.Sprintf("c/r-%d", g))); err != nil {
+	if err := os.Rename(in(fmt.Sprintf("c/r-%d", g-1)), in(fmt.Sprintf("c/r-%d", g))); err != nil {
 		t.Fatal(err)
 	}
 	mode := os.FileMode(0o644)
 	if g%2 == 1 {
 		mode = 0o600
 	}
-	if err := os.Chmod(m.in("c/f000"), mode); err != nil {
+	if err := os.Chmod(in("c/f000"), mode); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -951,7 +954,7 @@ func crashCommit(c *crashRun) {
 	for g := 1; g <= c.kills; g++ {
 		what := fmt.Sprintf("generation %d", g)
 		old := snapshot(t, m.inWS("c"))
-		stageGeneration(t, m, g, files)
+		stageGeneration(t, m.in, g, files)
 		want := snapshot(t, m.in("c"))
 		if d := diffTrees(old, want); d == "" {
 			t.Fatalf("%s: staging changed nothing", what)
@@ -1165,4 +1168,106 @@ func crashRestore(c *crashRun) {
 		}
 	}
 	checkSnapshotStore(t, m, "restore: at the end", live)
+}
+
+// ---------------------------------------------------------------------------
+// Scenario: a branch forked and merged back, killed at a random moment of
+// the fork or of the merge. A fork is there whole or not at all; a merge
+// is in the parent whole or not at all (the restart finishes one begun).
+
+func crashBranch(c *crashRun) {
+	t := c.t
+	const files = 200
+	files0 := map[string]string{"c/r-0": "renamed file\n"}
+	for i := 0; i < files; i++ {
+		files0[fmt.Sprintf("c/f%03d", i)] = commitContent(0, i)
+	}
+	for j := 0; j < 10; j++ {
+		files0[fmt.Sprintf("c/d-0/x%02d", j)] = commitContent(0, 1000+j)
+	}
+	c.m = mountStagefs(t, withFiles(files0))
+	m := c.m
+	forkEst, mergeEst := 100*time.Millisecond, 300*time.Millisecond
+	branches := func() map[string]control.BranchInfo {
+		var res control.ListBranchesResult
+		if err := json.Unmarshal([]byte(m.mustCLI("branches", "--json")), &res); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]control.BranchInfo{}
+		for _, b := range res.Branches {
+			out[b.Name] = b
+		}
+		return out
+	}
+	for g := 1; g <= c.kills; g++ {
+		name := fmt.Sprintf("g%d", g)
+		what := fmt.Sprintf("generation %d", g)
+		main := snapshot(t, m.in("c"))
+		if g%2 == 1 {
+			// Killed while it forks.
+			ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+			fork := startBG(t, "fork", exec.CommandContext(ctx, stagefsBin, "branch", name, "-m", m.mnt), nil)
+			time.Sleep(c.randDur(0, forkEst*5/4))
+			c.kill()
+			stopAll(fork)
+			cancel()
+			c.restart()
+			if b, ok := branches()[name]; ok {
+				c.stats["forkDone"]++
+				assertSameTree(t, what+": a fork killed and kept", main, snapshot(t, filepath.Join(b.Mount, "c")))
+			} else {
+				c.stats["forkNotDone"]++
+				if _, err := os.Stat(filepath.Join(m.state, "branches", name)); err == nil {
+					t.Fatalf("%s: a fork killed before it was registered left its directory after the restart", what)
+				}
+			}
+		}
+		b, ok := branches()[name]
+		if !ok {
+			start := time.Now()
+			m.mustCLI("branch", name)
+			forkEst = (forkEst + time.Since(start)) / 2
+			b = branches()[name]
+		}
+		stageGeneration(t, func(p string) string { return filepath.Join(b.Mount, p) }, g, files)
+		want := snapshot(t, filepath.Join(b.Mount, "c"))
+		recoveredBefore := strings.Count(m.daemonLog(), "finished an interrupted merge")
+
+		ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+		merge := startBG(t, "merge", exec.CommandContext(ctx, stagefsBin, "merge", name, "--json", "-m", m.mnt), nil)
+		time.Sleep(c.randDur(0, mergeEst*5/4))
+		c.kill()
+		stopAll(merge)
+		cancel()
+		c.restart()
+
+		got := snapshot(t, m.in("c"))
+		dNew, dOld := diffTrees(want, got), diffTrees(main, got)
+		recovered := strings.Count(m.daemonLog(), "finished an interrupted merge") > recoveredBefore
+		switch {
+		case dNew == "" && recovered:
+			c.stats["mergeFinishedAtRestart"]++
+			mergeEst = mergeEst * 6 / 5
+		case dNew == "":
+			c.stats["mergeDoneBeforeKill"]++
+			mergeEst = mergeEst * 4 / 5
+		case dOld == "":
+			c.stats["mergeNotBegun"]++
+			start := time.Now()
+			res, r := m.merge(name)
+			mergeEst = (mergeEst + time.Since(start)) / 2
+			if r.code != 0 || len(res.Conflicts)+len(res.Failed) > 0 {
+				t.Fatalf("%s: merge after the restart: %s", what, r)
+			}
+			assertSameTree(t, what+": the main view after merging again", want, snapshot(t, m.in("c")))
+		default:
+			t.Fatalf("%s: the main view holds part of the merge after the restart (recovery ran: %v)\nvs the branch:\n%s\nvs before:\n%s\n%s",
+				what, recovered, dNew, dOld, m.daemonLog())
+		}
+		assertSameTree(t, what+": the branch after the restart", want, snapshot(t, filepath.Join(b.Mount, "c")))
+		m.mustCLI("branch", "--drop", name)
+		if t.Failed() {
+			t.FailNow()
+		}
+	}
 }

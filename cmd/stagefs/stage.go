@@ -53,12 +53,11 @@ type stageOptions struct {
 // openStage opens the pending set in cfg.state, finishes what a crash
 // interrupted, mounts it at cfg.mountpoint and serves its control socket
 // and hook channel. On error nothing is left open.
-func openStage(cfg *mountConfig, mode overlay.Mode, opts stageOptions, logger *log.Logger) (st *stage, err error) {
-	st = &stage{cfg: cfg, logger: logger}
+func openStage(cfg *mountConfig, mode overlay.Mode, opts stageOptions, logger *log.Logger) (_ *stage, err error) {
+	st := &stage{cfg: cfg, logger: logger}
 	defer func() {
 		if err != nil {
 			st.close()
-			st = nil
 		}
 	}()
 	if err := clearStaleMount(cfg.mountpoint); err != nil {

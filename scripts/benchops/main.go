@@ -6,6 +6,7 @@
 //	benchops -stagefs PATH -sandbox [-dir DIR]
 //	benchops -journal 1000000 [-dir DIR]
 //	benchops -stagefs PATH -commitwait 10000 [-dir DIR]
+//	benchops -stagefs PATH -fork 100,1000,10000 [-dir DIR]
 package main
 
 import (
@@ -31,7 +32,12 @@ func main() {
 	sandbox := flag.Bool("sandbox", false, "measure starting a command in stagefs run's sandbox instead")
 	journalRecords := flag.Int("journal", 0, "measure opening and reading a journal of this many records instead")
 	commitWait := flag.Int("commitwait", 0, "measure how long a stat waits during a commit of this many files instead")
+	fork := flag.String("fork", "", "measure forking a branch of main views with these many pending files instead")
 	flag.Parse()
+	if *fork != "" {
+		measureFork(*bin, *dir, *fork)
+		return
+	}
 	if *commitWait > 0 {
 		measureCommitWait(*bin, *dir, *commitWait)
 		return

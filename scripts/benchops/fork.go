@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"stagefs/control"
+)
+
+// measureFork stages n new small files in a mount's main view for each n
+// of sizes, then times forking a branch of it (branch/create), a merge
+// of one changed file back, and dropping the branch: the fork's cost
+// follows the pending set, never the workspace.
+func measureFork(bin, root, sizes string) {
+	fmt.Printf("%-10s %10s %12s %10s\n", "pending", "fork", "merge(1)", "drop")
+	for _, s := range strings.Split(sizes, ",") {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			fail(err)
+		}
+		forkRow(bin, root, n)
+	}
+}
+
+func forkRow(bin, root string, n int) {
+	base, err := os.MkdirTemp(root, "benchops-fork-")
+	if err != nil {
+		fail(err)
+	}
+	defer os.RemoveAll(base)
+	ws, mnt, st := filepath.Join(base, "ws"), filepath.Join(base, "mnt"), filepath.Join(base, "st")
+	for _, d := range []string{ws, mnt} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			fail(err)
+		}
+	}
+	if out, err := exec.Command(bin, "mount", ws, mnt, "--state", st).CombinedOutput(); err != nil {
+		fail(fmt.Errorf("mount: %v: %s", err, out))
+	}
+	defer exec.Command(bin, "unmount", "--lazy", mnt).Run()
+	c, err := control.Dial(filepath.Join(st, "control.sock"))
+	if err != nil {
+		fail(err)
+	}
+	defer c.Close()
+	for i := 0; i < n; i++ {
+		d := filepath.Join(mnt, fmt.Sprintf("d%03d", i/100))
+		if i%100 == 0 {
+			if err := os.Mkdir(d, 0o755); err != nil {
+				fail(err)
+			}
+		}
+		if err := write(filepath.Join(d, fmt.Sprintf("f%05d", i)), fmt.Sprintf("file %d\n", i)); err != nil {
+			fail(err)
+		}
+	}
+	ctx := context.Background()
+	var fork, merge, drop []time.Duration
+	for i := 0; i < reps; i++ {
+		name := fmt.Sprintf("b%d", i)
+		s := time.Now()
+		info, err := c.CreateBranch(ctx, control.BranchParams{Name: name})
+		fork = append(fork, time.Since(s))
+		if err != nil {
+			fail(err)
+		}
+		if err := write(filepath.Join(info.Mount, "d000", "f00000"), fmt.Sprintf("changed in %s\n", name)); err != nil {
+			fail(err)
+		}
+		s = time.Now()
+		res, err := c.Merge(ctx, control.MergeParams{Name: name, Force: true})
+		merge = append(merge, time.Since(s))
+		if err != nil || len(res.Merged) != 1 {
+			fail(fmt.Errorf("merge: %v %+v", err, res))
+		}
+		s = time.Now()
+		if _, err := c.DropBranch(ctx, name); err != nil {
+			fail(err)
+		}
+		drop = append(drop, time.Since(s))
+	}
+	fmt.Printf("%-10d %10s %12s %10s\n", n, ms(median(fork)), ms(median(merge)), ms(median(drop)))
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
