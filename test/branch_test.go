@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"stagefs/control"
+	"stagefs/test/agentsim"
 )
 
 // runInBranch runs script with sh at the workspace's own path inside
@@ -195,4 +196,59 @@ func TestBranchesSurviveRestart(t *testing.T) {
 	}
 	assertFile(t, m.in("f.txt"), "x\n")
 	assertFile(t, m.in("g.txt"), "main\n")
+}
+
+// stagefs claude --branch runs Claude Code in a branch: its tool calls are
+// the branch's snapshots, its writes the branch's, and the main view sees
+// them only through a merge.
+func TestClaudeCodeInABranch(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"a.txt": "old a\n"}))
+	m.mustCLI("branch", "agent")
+	s := newClaudeSession(t, m, agentsim.Scripts{
+		"branch prompt": {
+			agentsim.Call("Bash", map[string]any{"command": "sed -i 's/old/new/' a.txt", "description": "edit"}),
+			agentsim.Call("Write", map[string]any{"file_path": filepath.Join(m.ws, "written.txt"), "content": "written\n"}),
+			agentsim.Text("branch done"),
+		},
+	})
+	r := runIn(t, cmdSpec{dir: m.ws, env: append(s.srv.ClaudeEnv(s.home), "PWD="+m.ws)}, stagefsBin,
+		"claude", "--branch", "agent", "--claude", s.claude, "--", "-p", "branch prompt", "--allowedTools", "Bash Write", "--output-format", "json")
+	if r.code != 0 || !strings.Contains(r.stdout, "branch done") {
+		t.Fatalf("stagefs claude --branch agent: %s", r)
+	}
+	assertFile(t, m.in("a.txt"), "old a\n")
+	assertMissing(t, m.in("written.txt"))
+	if got := m.runInBranch("agent", "cat a.txt written.txt").stdout; got != "new a\nwritten\n" {
+		t.Fatalf("the branch shows %q", got)
+	}
+	ids := s.srv.ToolUseIDs()
+	if len(ids) != 2 {
+		t.Fatalf("tool calls: %v", ids)
+	}
+	var snaps control.ListSnapshotsResult
+	if err := json.Unmarshal([]byte(m.mustCLI("snapshots", "--json", "--branch", "agent")), &snaps); err != nil {
+		t.Fatal(err)
+	}
+	byScope := map[string][]string{}
+	for _, sn := range snaps.Snapshots {
+		byScope[sn.ScopeID] = sn.Paths
+	}
+	// (Each may hold its tool's temporary name too.)
+	if !contains(byScope[ids[0]], "a.txt") || contains(byScope[ids[0]], "written.txt") ||
+		!contains(byScope[ids[1]], "written.txt") || contains(byScope[ids[1]], "a.txt") {
+		t.Fatalf("the branch's tool-call snapshots: %v", byScope)
+	}
+	if len(m.snapshotsByScope()) != 0 {
+		t.Fatalf("the main view has snapshots: %v", m.snapshotsByScope())
+	}
+	// Undo the sed alone, in the branch; merge the rest.
+	m.mustCLI("restore", ids[0], "--branch", "agent")
+	res, r := m.merge("agent")
+	if r.code != 0 || fmt.Sprint(res.Merged) != "[written.txt]" {
+		t.Fatalf("merge: %s", r)
+	}
+	assertFile(t, m.in("a.txt"), "old a\n")
+	assertFile(t, m.in("written.txt"), "written\n")
+	assertMissing(t, m.inWS("written.txt"))
 }

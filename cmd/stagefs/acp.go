@@ -26,8 +26,9 @@ func runACP(ctx context.Context, args []string) error {
 	const usage = "usage: stagefs acp [-m MOUNTPOINT | mount flags] [--workspace DIR] -- AGENT_CMD [ARGS...]"
 	var cfg mountConfig
 	fs := mountFlags("acp", &cfg)
-	var mnt, workspace string
+	var mnt, workspace, branchName string
 	fs.StringVarP(&mnt, "mount", "m", "", "join the stagefs mount at MOUNTPOINT")
+	fs.StringVar(&branchName, "branch", "", "run the agent in this branch of the mount (stagefs branches lists them)")
 	fs.StringVar(&workspace, "workspace", "", "the workspace (default: the current directory's)")
 	if err := fs.Parse(args); err != nil {
 		return usagef("acp: %v\n%s", err, usage)
@@ -43,6 +44,9 @@ func runACP(ctx context.Context, args []string) error {
 		return fmt.Errorf("acp: the agent %s: %v", argv[0], err)
 	}
 	c, init, err := joinOrMount(ctx, "acp", &cfg, fs.Changed, mnt, workspace)
+	if err == nil {
+		c, init, err = intoBranch(ctx, c, init, branchName)
+	}
 	if err != nil {
 		return err
 	}

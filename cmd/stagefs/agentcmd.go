@@ -29,9 +29,10 @@ func runAgent(ctx context.Context, a *agents.Agent, args []string) error {
 	usage := fmt.Sprintf("usage: stagefs %s [-m MOUNTPOINT | mount flags] [--workspace DIR] [--%s PATH] [-- %s_ARGS...]", a.Name, a.Name, strings.ToUpper(a.Name))
 	var cfg mountConfig
 	fs := mountFlags(a.Name, &cfg)
-	var mnt, workspace, bin string
+	var mnt, workspace, bin, branchName string
 	var noBind bool
 	fs.StringVarP(&mnt, "mount", "m", "", "join the stagefs mount at MOUNTPOINT")
+	fs.StringVar(&branchName, "branch", "", "run in this branch of the mount (stagefs branches lists them)")
 	if a.RewriteInput != nil {
 		fs.BoolVar(&noBind, "no-bind", false, "leave shell commands unchanged (they are then attributed by time, not by process tree)")
 	}
@@ -58,6 +59,9 @@ func runAgent(ctx context.Context, a *agents.Agent, args []string) error {
 	}
 
 	c, init, err := joinOrMount(ctx, a.Name, &cfg, fs.Changed, mnt, workspace)
+	if err == nil {
+		c, init, err = intoBranch(ctx, c, init, branchName)
+	}
 	if err != nil {
 		return err
 	}
@@ -119,6 +123,24 @@ func runAgent(ctx context.Context, a *agents.Agent, args []string) error {
 		return &exitStatus{res.Code}
 	}
 	return nil
+}
+
+// intoBranch switches c, a client of a mount's view described by init, to
+// the mount's branch name, when name is set.
+func intoBranch(ctx context.Context, c *control.Client, init control.InitializeResult, name string) (*control.Client, control.InitializeResult, error) {
+	if name == "" {
+		return c, init, nil
+	}
+	bc, err := dialBranch(c, name)
+	if err != nil {
+		return nil, init, err
+	}
+	binit, err := bc.Initialize(ctx)
+	if err != nil {
+		bc.Close()
+		return nil, init, err
+	}
+	return bc, binit, nil
 }
 
 // joinOrMount connects to the daemon serving the workspace (-m, or the
