@@ -173,3 +173,28 @@ func TestBranchNamesAndDrops(t *testing.T) {
 		require.Error(t, control.BranchParams{Name: bad}.Validate(), "%q", bad)
 	}
 }
+
+func TestBranchDiff(t *testing.T) {
+	m, main, _ := setup(t)
+	ctx := context.Background()
+	_, err := m.CreateBranch(ctx, control.BranchParams{Name: "b"})
+	require.NoError(t, err)
+	b := m.views["b"].Engine
+	write(t, b, "f", "branch\n")
+	write(t, b, "new", "new\n")
+	write(t, main.Engine, "f", "main\n")
+
+	d, err := m.BranchDiff(ctx, control.BranchDiffParams{Name: "b"})
+	require.NoError(t, err)
+	require.Equal(t, 2, d.Files)
+	require.Contains(t, d.Diff, "-base\n+branch\n")
+	require.Contains(t, d.Diff, "new file mode 100644")
+
+	d, err = m.BranchDiff(ctx, control.BranchDiffParams{Name: "b", Against: "main", Paths: []string{"f"}})
+	require.NoError(t, err)
+	require.Equal(t, 1, d.Files)
+	require.Contains(t, d.Diff, "-main\n+branch\n")
+
+	_, err = m.BranchDiff(ctx, control.BranchDiffParams{Name: "b", Against: "other"})
+	require.ErrorContains(t, err, "--against takes only main")
+}

@@ -15,6 +15,7 @@ const (
 	MethodBranchList   = "branch/list"
 	MethodBranchDrop   = "branch/drop"
 	MethodBranchMerge  = "branch/merge"
+	MethodBranchDiff   = "branch/diff"
 )
 
 // BranchBackend answers the branch methods. Every daemon socket, the
@@ -24,6 +25,7 @@ type BranchBackend interface {
 	ListBranches(ctx context.Context) (ListBranchesResult, error)
 	DropBranch(ctx context.Context, p BranchParams) (BranchInfo, error)
 	Merge(ctx context.Context, p MergeParams) (MergeResult, error)
+	BranchDiff(ctx context.Context, p BranchDiffParams) (DiffResult, error)
 }
 
 // RegisterBranches adds the branch methods to s.
@@ -38,6 +40,9 @@ func RegisterBranches(s *Server, b BranchBackend) {
 	}))
 	s.Handle(MethodBranchDrop, Typed(func(ctx context.Context, p BranchParams) (BranchInfo, error) {
 		return b.DropBranch(ctx, p)
+	}))
+	s.Handle(MethodBranchDiff, Typed(func(ctx context.Context, p BranchDiffParams) (DiffResult, error) {
+		return b.BranchDiff(ctx, p)
 	}))
 	s.Handle(MethodBranchMerge, Typed(func(ctx context.Context, p MergeParams) (MergeResult, error) {
 		r, err := b.Merge(ctx, p)
@@ -116,6 +121,24 @@ func (p MergeParams) Validate() error {
 	return validatePaths(p.Paths)
 }
 
+// BranchDiffParams asks for what branch Name changed since its fork point
+// (at or below Paths), against the fork point's versions, or, with
+// Against naming its parent, against the parent's versions now: what a
+// merge would write.
+type BranchDiffParams struct {
+	Name    string   `json:"name"`
+	Against string   `json:"against,omitempty"`
+	Paths   []string `json:"paths,omitempty"`
+}
+
+// Validate checks the names and paths.
+func (p BranchDiffParams) Validate() error {
+	if err := (BranchParams{Name: p.Name, From: p.Against}).Validate(); err != nil {
+		return err
+	}
+	return validatePaths(p.Paths)
+}
+
 // MergeResult is what a merge applied to the parent's pending set, what it
 // left in the branch because the parent changed it too, and what failed.
 type MergeResult struct {
@@ -152,6 +175,13 @@ func (c *Client) ListBranches(ctx context.Context) (ListBranchesResult, error) {
 func (c *Client) DropBranch(ctx context.Context, name string) (BranchInfo, error) {
 	var r BranchInfo
 	err := c.Call(ctx, MethodBranchDrop, BranchParams{Name: name}, &r)
+	return r, err
+}
+
+// BranchDiff calls branch/diff.
+func (c *Client) BranchDiff(ctx context.Context, p BranchDiffParams) (DiffResult, error) {
+	var r DiffResult
+	err := c.Call(ctx, MethodBranchDiff, p, &r)
 	return r, err
 }
 

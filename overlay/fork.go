@@ -35,7 +35,12 @@ func (e *Engine) Fork(dst string) error {
 		return err
 	}
 	defer unix.Close(root)
-	f := &forkCopy{e: e, dst: layer{fd: root}, links: map[uint64]string{}}
+	var rst unix.Stat_t
+	if err := unix.Fstat(root, &rst); err != nil {
+		return err
+	}
+	f := &forkCopy{e: e, dst: layer{fd: root}, links: map[uint64]string{}, dirIno: map[string]uint64{"": rst.Ino},
+		names: make([]byte, 64<<10), value: make([]byte, 64<<10)}
 	paths := make([]string, 0, len(e.index))
 	for p := range e.index {
 		paths = append(paths, p)
@@ -70,6 +75,11 @@ type forkCopy struct {
 	dst   layer
 	links map[uint64]string // upper inode -> its first copy (hard links stay one file)
 	dirs  []string          // the directories copied, parents first
+	// dirIno holds the inode numbers of the copies' directories, for the
+	// metas placed in them.
+	dirIno map[string]uint64
+	// names and value are the xattr buffers, reused for every entry.
+	names, value []byte
 }
 
 // entry copies the upper entry p, whose meta is m.
@@ -109,19 +119,14 @@ func (f *forkCopy) entry(p string, m *meta) error {
 		return err
 	}
 	// The meta, placed for the copy's directory (see meta.Dir).
-	dstDir := f.e.upperRootIno
-	if dir != "" {
+	dstDir, ok := f.dirIno[dir]
+	if !ok {
 		dst, err := f.dst.lstat(dir)
 		if err != nil {
 			return err
 		}
 		dstDir = dst.Ino
-	} else {
-		var rst unix.Stat_t
-		if err := unix.Fstat(f.dst.fd, &rst); err != nil {
-			return err
-		}
-		dstDir = rst.Ino
+		f.dirIno[dir] = dstDir
 	}
 	nm := *m
 	nm.Dir, nm.NameSum = dstDir, nameSum(name)
@@ -149,35 +154,36 @@ func (f *forkCopy) file(p string, st *syscall.Stat_t) error {
 	defer unix.Close(in)
 	dir, name := splitPath(p)
 	return f.dst.withDir(dir, func(dirfd int) error {
-		out, err := unix.Openat(dirfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, st.Mode&0o7777)
+		out, err := unix.Openat(dirfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 		if err != nil {
 			return err
 		}
 		defer unix.Close(out)
-		if err := unix.Fchmod(out, st.Mode&0o7777); err != nil {
-			return err
+		if st.Size > 0 {
+			if err := copyFd(in, out, st.Size); err != nil {
+				return err
+			}
 		}
-		return copyFd(in, out, st.Size)
+		// The mode after the copy: a body may be read-only to its owner.
+		return unix.Fchmod(out, st.Mode&0o7777)
 	})
 }
 
 // xattrs copies every xattr of the upper entry p, stagefs's own included.
 func (f *forkCopy) xattrs(p string) error {
-	buf := make([]byte, 64<<10)
-	n, err := f.e.upper.listxattr(p, buf)
+	n, err := f.e.upper.listxattr(p, f.names)
 	if err != nil || n <= 0 {
 		return err
 	}
-	val := make([]byte, 64<<10)
-	for _, name := range strings.Split(string(buf[:n]), "\x00") {
+	for _, name := range strings.Split(string(f.names[:n]), "\x00") {
 		if name == "" || name == metaXattr {
 			continue
 		}
-		vn, err := f.e.upper.getxattr(p, name, val)
+		vn, err := f.e.upper.getxattr(p, name, f.value)
 		if err != nil {
 			return err
 		}
-		if err := f.dst.setxattr(p, name, val[:vn], 0); err != nil {
+		if err := f.dst.setxattr(p, name, f.value[:vn], 0); err != nil {
 			return err
 		}
 	}

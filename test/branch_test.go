@@ -97,6 +97,15 @@ echo new > b-only.txt`,
 		assertMissing(t, filepath.Join(root, "b-only.txt"))
 	}
 
+	// What b changed since its fork, as git apply takes it.
+	diff := m.mustCLI("diff", "--branch", "b", "--color", "never")
+	for _, want := range []string{"+++ b/main.go", "-func main() { println(\"v0\") }", "+func main() { println(\"vb\") }", "deleted file mode 100644", "--- a/docs/a.md", "+from-b", "new file mode 100644"} {
+		if !strings.Contains(diff, want) {
+			t.Errorf("diff --branch b lacks %q:\n%s", want, diff)
+		}
+	}
+	sh(t, m.base, "rm -rf check && cp -r ws check && cd check && git apply --check - <<'EOF'\n"+diff+"EOF\n")
+
 	res, r := m.merge("a")
 	if r.code != 0 || len(res.Conflicts) != 0 || len(res.Failed) != 0 {
 		t.Fatalf("merge a: %s", r)
@@ -109,6 +118,11 @@ echo new > b-only.txt`,
 	assertFile(t, m.in("shared.txt"), "line 1\nfrom-a\n")
 	if got := sh(t, m.mnt, "./app 2>&1; git log --format=%s | head -1"); got != "va\na\n" {
 		t.Fatalf("the main view after merging a: %q", got)
+	}
+
+	// Against the main view now, b's main.go replaces a's.
+	if diff := m.mustCLI("diff", "--branch", "b", "--against", "main", "main.go", "--color", "never"); !strings.Contains(diff, "-func main() { println(\"va\") }\n+func main() { println(\"vb\") }") {
+		t.Errorf("diff --branch b --against main main.go:\n%s", diff)
 	}
 
 	// b changed main.go and shared.txt too: conflicts; the rest merges.

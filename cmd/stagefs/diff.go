@@ -1,7 +1,8 @@
 package main
 
 // stagefs diff [PATH...]: the pending changes as a unified diff that git
-// apply takes (fs/diff).
+// apply takes (fs/diff); with --branch NAME, what the branch changed since
+// its fork point (branch/diff).
 
 import (
 	"context"
@@ -11,6 +12,8 @@ import (
 	"strings"
 
 	"github.com/spf13/pflag"
+
+	"stagefs/control"
 )
 
 // colorFlag is the value of diff's --color. Checking it in Set makes a bad
@@ -32,8 +35,10 @@ func (c *colorFlag) Set(v string) error {
 
 func runDiff(ctx context.Context, args []string) error {
 	color := colorFlag("auto")
+	var against string
 	cf, paths, c, err := parseClient("diff", args, func(fs *pflag.FlagSet) {
 		fs.Var(&color, "color", "color the diff: auto (on a terminal), always or never")
+		fs.StringVar(&against, "against", "", "with --branch: diff against the branch's parent now (what a merge would write), not its fork point")
 	})
 	if err != nil {
 		return err
@@ -43,7 +48,14 @@ func runDiff(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	res, err := c.Diff(ctx, paths)
+	var res control.DiffResult
+	if cf.branch != "" && cf.branch != control.MainBranch {
+		res, err = c.BranchDiff(ctx, control.BranchDiffParams{Name: cf.branch, Against: against, Paths: paths})
+	} else if against != "" {
+		return usagef("diff: --against goes with --branch NAME")
+	} else {
+		res, err = c.Diff(ctx, paths)
+	}
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,124 @@
+package branch
+
+import (
+	"bytes"
+	"context"
+	"io"
+
+	"golang.org/x/sys/unix"
+
+	"stagefs/control"
+	"stagefs/internal/fdio"
+	"stagefs/internal/unidiff"
+	"stagefs/overlay"
+	"stagefs/snapshot"
+)
+
+// BranchDiff shows what branch p.Name changed since its fork point, as a
+// unified diff against the fork point's versions or, with p.Against naming
+// the parent, against the parent's versions now.
+func (m *Manager) BranchDiff(ctx context.Context, p control.BranchDiffParams) (control.DiffResult, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.started(); err != nil {
+		return control.DiffResult{}, err
+	}
+	r := m.recordLocked(p.Name)
+	if r == nil {
+		return control.DiffResult{}, control.Errorf(control.CodeNotFound, "no branch %q (stagefs branches lists them)", p.Name)
+	}
+	if p.Against != "" && p.Against != r.Parent {
+		return control.DiffResult{}, control.Errorf(control.CodeInvalidParams, "branch %s was forked from %s: --against takes only %s", p.Name, r.Parent, r.Parent)
+	}
+	bv := m.views[r.Name]
+	pv, err := m.viewLocked(r.Parent)
+	if bv == nil || err != nil {
+		return control.DiffResult{}, control.Errorf(control.CodeInvalidState, "branch %s or its parent %s is not served", r.Name, r.Parent)
+	}
+	entries, err := bv.Snapshots.Entries(overlay.ForkScope(r.Fork))
+	if err != nil {
+		return control.DiffResult{}, err
+	}
+	var changes []unidiff.FileChange
+	seen := map[string]bool{}
+	for _, e := range entries {
+		if e.Kind == snapshot.KindMoved || e.Kind == snapshot.KindDir || seen[e.Path] || !selected(e.Path, p.Paths) {
+			continue
+		}
+		seen[e.Path] = true
+		var old side
+		if p.Against != "" {
+			old, err = viewSide(pv.Engine, e.Path)
+		} else {
+			old, err = entrySide(bv.Snapshots, e)
+		}
+		if err != nil {
+			return control.DiffResult{}, err
+		}
+		now, err := viewSide(bv.Engine, e.Path)
+		if err != nil {
+			return control.DiffResult{}, err
+		}
+		if old.mode == now.mode && bytes.Equal(old.data, now.data) {
+			continue
+		}
+		changes = append(changes, unidiff.FileChange{Path: e.Path, Old: old.data, New: now.data, OldMode: old.mode, NewMode: now.mode})
+	}
+	var buf bytes.Buffer
+	if err := unidiff.Write(&buf, changes); err != nil {
+		return control.DiffResult{}, err
+	}
+	return control.DiffResult{Diff: buf.String(), Files: len(changes)}, nil
+}
+
+// side is one side of a diff of a path: its content (a symlink's target)
+// and its mode as git stores it, 0 when it is no file or symlink.
+type side struct {
+	data []byte
+	mode uint32
+}
+
+func gitMode(perm uint32) uint32 {
+	if perm&0o111 != 0 {
+		return 0o100755
+	}
+	return 0o100644
+}
+
+// entrySide is the fork point's version of a path.
+func entrySide(s *snapshot.Store, e snapshot.Entry) (side, error) {
+	switch e.Kind {
+	case snapshot.KindFile:
+		body, err := s.OpenBody(e.Hash)
+		if err != nil {
+			return side{}, err
+		}
+		defer body.Close()
+		data, err := io.ReadAll(body)
+		return side{data: data, mode: gitMode(e.Mode)}, err
+	case snapshot.KindSymlink:
+		return side{data: []byte(e.Target), mode: 0o120000}, nil
+	}
+	return side{}, nil
+}
+
+// viewSide is what eng's view has at p now.
+func viewSide(eng *overlay.Engine, p string) (side, error) {
+	v, err := viewVersion(eng, p)
+	if err != nil {
+		return side{}, err
+	}
+	switch v.kind {
+	case "file":
+		f, err := eng.Open(p, unix.O_RDONLY, overlay.Caller{})
+		if err != nil {
+			return side{}, err
+		}
+		defer eng.Release(p, f, overlay.Caller{})
+		data, err := io.ReadAll(fdio.Reader(f.Fd))
+		return side{data: data, mode: gitMode(v.mode)}, err
+	case "symlink":
+		return side{data: []byte(v.target), mode: 0o120000}, nil
+	}
+	return side{}, nil
+}
