@@ -11,7 +11,6 @@ import (
 	"stagefs/internal/fdio"
 	"stagefs/internal/unidiff"
 	"stagefs/overlay"
-	"stagefs/snapshot"
 )
 
 // BranchDiff shows what branch p.Name changed since its fork point, as a
@@ -35,34 +34,36 @@ func (m *Manager) BranchDiff(ctx context.Context, p control.BranchDiffParams) (c
 	if bv == nil || err != nil {
 		return control.DiffResult{}, control.Errorf(control.CodeInvalidState, "branch %s or its parent %s is not served", r.Name, r.Parent)
 	}
-	entries, err := bv.Snapshots.Entries(overlay.ForkScope(r.Fork))
+	scope := overlay.ForkScope(r.Fork)
+	entries, err := bv.Snapshots.Entries(scope)
 	if err != nil {
 		return control.DiffResult{}, err
 	}
+	info, _ := bv.Snapshots.Lookup(scope)
+	var skipped control.MergeResult
+	planned, _ := m.plan(bv, pv, entries, info.Uncaptured, p.Paths, &skipped)
 	var changes []unidiff.FileChange
-	seen := map[string]bool{}
-	for _, e := range entries {
-		if e.Kind == snapshot.KindMoved || e.Kind == snapshot.KindDir || seen[e.Path] || !selected(e.Path, p.Paths) {
+	for _, c := range planned {
+		if c.branch.same(c.fork) && !c.gone {
 			continue
 		}
-		seen[e.Path] = true
 		var old side
 		if p.Against != "" {
-			old, err = viewSide(pv.Engine, e.Path)
+			old, err = viewSide(pv.Engine, c.path)
 		} else {
-			old, err = entrySide(bv.Snapshots, e)
+			old, err = forkSide(bv, c.fork)
 		}
 		if err != nil {
 			return control.DiffResult{}, err
 		}
-		now, err := viewSide(bv.Engine, e.Path)
+		now, err := viewSide(bv.Engine, c.path)
 		if err != nil {
 			return control.DiffResult{}, err
 		}
 		if old.mode == now.mode && bytes.Equal(old.data, now.data) {
 			continue
 		}
-		changes = append(changes, unidiff.FileChange{Path: e.Path, Old: old.data, New: now.data, OldMode: old.mode, NewMode: now.mode})
+		changes = append(changes, unidiff.FileChange{Path: c.path, Old: old.data, New: now.data, OldMode: old.mode, NewMode: now.mode})
 	}
 	var buf bytes.Buffer
 	if err := unidiff.Write(&buf, changes); err != nil {
@@ -85,19 +86,24 @@ func gitMode(perm uint32) uint32 {
 	return 0o100644
 }
 
-// entrySide is the fork point's version of a path.
-func entrySide(s *snapshot.Store, e snapshot.Entry) (side, error) {
-	switch e.Kind {
-	case snapshot.KindFile:
-		body, err := s.OpenBody(e.Hash)
+// forkSide is a path's version at the fork point: its body from the
+// fork point's snapshot, or, rebuilt for a renamed directory, from where
+// the branch has it now.
+func forkSide(bv *View, v version) (side, error) {
+	switch v.kind {
+	case "file":
+		if v.at != "" {
+			return viewSide(bv.Engine, v.at)
+		}
+		body, err := bv.Snapshots.OpenBody(v.hash)
 		if err != nil {
 			return side{}, err
 		}
 		defer body.Close()
 		data, err := io.ReadAll(body)
-		return side{data: data, mode: gitMode(e.Mode)}, err
-	case snapshot.KindSymlink:
-		return side{data: []byte(e.Target), mode: 0o120000}, nil
+		return side{data: data, mode: gitMode(v.mode)}, err
+	case "symlink":
+		return side{data: []byte(v.target), mode: 0o120000}, nil
 	}
 	return side{}, nil
 }

@@ -198,3 +198,83 @@ func TestBranchDiff(t *testing.T) {
 	_, err = m.BranchDiff(ctx, control.BranchDiffParams{Name: "b", Against: "other"})
 	require.ErrorContains(t, err, "--against takes only main")
 }
+
+// A directory the branch renamed merges as what it is to the parent:
+// everything under the old name gone, everything under the new one there,
+// with the changes made in it before and after the rename.
+func TestMergeOfADirectoryRename(t *testing.T) {
+	m, main, ws := setup(t)
+	ctx := context.Background()
+	for p, c := range map[string]string{"d/a": "a\n", "d/b": "b\n", "d/sub/c": "c\n"} {
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(ws, p)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(ws, p), []byte(c), 0o644))
+	}
+	_, err := m.CreateBranch(ctx, control.BranchParams{Name: "b"})
+	require.NoError(t, err)
+	b := m.views["b"].Engine
+	write(t, b, "d/a", "a before the move\n")
+	require.NoError(t, b.Rename("d", "e", 0, proc))
+	write(t, b, "e/b", "b after the move\n")
+	require.NoError(t, b.Unlink("e/sub/c", proc))
+	write(t, b, "e/new", "new\n")
+
+	// The diff since the fork: d's files as they were at the fork
+	// deleted, e's as they are now created.
+	d, err := m.BranchDiff(ctx, control.BranchDiffParams{Name: "b"})
+	require.NoError(t, err)
+	require.Equal(t, 6, d.Files, d.Diff)
+	for _, want := range []string{"--- a/d/a\n+++ /dev/null\n@@ -1 +0,0 @@\n-a\n", "--- a/d/b\n+++ /dev/null\n@@ -1 +0,0 @@\n-b\n", "--- a/d/sub/c\n",
+		"+++ b/e/a\n@@ -0,0 +1 @@\n+a before the move\n", "+++ b/e/b\n@@ -0,0 +1 @@\n+b after the move\n", "+++ b/e/new\n"} {
+		require.Contains(t, d.Diff, want)
+	}
+
+	res, err := m.Merge(ctx, control.MergeParams{Name: "b"})
+	require.NoError(t, err)
+	require.Empty(t, res.Conflicts)
+	require.Empty(t, res.Failed)
+	for p, want := range map[string]string{"e/a": "a before the move\n", "e/b": "b after the move\n", "e/new": "new\n"} {
+		require.Equal(t, want, read(t, main.Engine, p), p)
+	}
+	st, err := main.Engine.Stat("e/sub")
+	require.NoError(t, err)
+	require.True(t, st.Mode&unix.S_IFMT == unix.S_IFDIR)
+	for _, p := range []string{"d", "e/sub/c"} {
+		_, err := main.Engine.Stat(p)
+		require.ErrorIs(t, err, unix.ENOENT, p)
+	}
+	// Nothing left to merge: the rename's entries left the fork point.
+	res, err = m.Merge(ctx, control.MergeParams{Name: "b"})
+	require.NoError(t, err)
+	require.Empty(t, res.Merged)
+	require.Empty(t, res.Conflicts)
+}
+
+// A file the parent added under a directory the branch renamed away is a
+// conflict: the merge would remove it.
+func TestMergeOfADirectoryRenameConflicts(t *testing.T) {
+	m, main, ws := setup(t)
+	ctx := context.Background()
+	require.NoError(t, os.MkdirAll(filepath.Join(ws, "d"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(ws, "d/a"), []byte("a\n"), 0o644))
+	_, err := m.CreateBranch(ctx, control.BranchParams{Name: "b"})
+	require.NoError(t, err)
+	b := m.views["b"].Engine
+	require.NoError(t, b.Rename("d", "e", 0, proc))
+	write(t, main.Engine, "d/extra", "the parent's\n")
+
+	res, err := m.Merge(ctx, control.MergeParams{Name: "b"})
+	require.NoError(t, err)
+	require.Len(t, res.Conflicts, 1)
+	require.Equal(t, "d/extra", res.Conflicts[0].Path)
+	require.Empty(t, res.Merged, "a rename merges whole or not at all")
+	require.Equal(t, "the parent's\n", read(t, main.Engine, "d/extra"))
+	require.Equal(t, "a\n", read(t, main.Engine, "d/a"))
+	_, err = main.Engine.Stat("e")
+	require.ErrorIs(t, err, unix.ENOENT)
+	res, err = m.Merge(ctx, control.MergeParams{Name: "b", Force: true})
+	require.NoError(t, err)
+	require.Empty(t, res.Failed)
+	require.Equal(t, "a\n", read(t, main.Engine, "e/a"))
+	_, err = main.Engine.Stat("d")
+	require.ErrorIs(t, err, unix.ENOENT)
+}

@@ -28,6 +28,9 @@ type version struct {
 	hash   contenthash.Hash
 	size   int64
 	target string
+	// at is where in the branch's view a rebuilt fork version's content
+	// can be read ("" for a captured one, whose body the snapshot holds).
+	at string
 }
 
 func (v version) same(o version) bool {
@@ -104,6 +107,12 @@ type change struct {
 	path                 string
 	fork, branch, parent version
 	unknown              bool // the fork's version was not captured
+	// rename is the index of the directory rename the path is part of
+	// (-1: none): a rename merges whole or not at all. gone marks a path
+	// the parent has under a directory the branch renamed away: the
+	// rename removes it, though the branch never had it.
+	rename int
+	gone   bool
 }
 
 // Merge applies what branch p.Name changed since its fork point to its
@@ -151,9 +160,11 @@ func (m *Manager) mergeLocked(r *record, in overlay.MergeIntent) (control.MergeR
 	info, _ := bv.Snapshots.Lookup(scope)
 	var changes []change
 	done := map[string]bool{} // merged or the same on both sides: leaves the fork point
-	for _, c := range m.plan(bv, pv, entries, info.Uncaptured, in.Paths, &res) {
+	planned, keep := m.plan(bv, pv, entries, info.Uncaptured, in.Paths, &res)
+	held := map[int]bool{} // renames with a conflict: applied not at all
+	for _, c := range planned {
 		switch {
-		case c.branch.same(c.fork) && !c.unknown:
+		case c.branch.same(c.fork) && !c.unknown && !c.gone:
 			// Changed and changed back: nothing to merge.
 			done[c.path] = true
 		case c.parent.same(c.branch):
@@ -165,10 +176,20 @@ func (m *Manager) mergeLocked(r *record, in overlay.MergeIntent) (control.MergeR
 				fork = "not captured (the snapshot store was full)"
 			}
 			res.Conflicts = append(res.Conflicts, control.MergeConflict{Path: c.path, Fork: fork, Branch: c.branch.String(), Parent: c.parent.String()})
+			if c.rename >= 0 {
+				held[c.rename] = true
+			}
 		default:
 			changes = append(changes, c)
 		}
 	}
+	kept := changes[:0]
+	for _, c := range changes {
+		if c.rename < 0 || !held[c.rename] {
+			kept = append(kept, c)
+		}
+	}
+	changes = kept
 	if len(changes) > 0 {
 		paths := make([]string, 0, len(changes))
 		for _, c := range changes {
@@ -186,7 +207,7 @@ func (m *Manager) mergeLocked(r *record, in overlay.MergeIntent) (control.MergeR
 			res.Merged = append(res.Merged, c.path)
 		}
 	}
-	if err := m.moveForkPoint(r, bv, entries, info.Uncaptured, done); err != nil {
+	if err := m.moveForkPoint(r, bv, entries, info.Uncaptured, func(i int) bool { return keep(i, done) }, done); err != nil {
 		res.Failed = append(res.Failed, control.Failure{Path: "", Reason: "move the branch's fork point: " + err.Error()})
 	}
 	if len(changes) > 0 {
@@ -200,12 +221,19 @@ func (m *Manager) mergeLocked(r *record, in overlay.MergeIntent) (control.MergeR
 }
 
 // plan lists the paths the fork point captured (at or below only, when
-// given), with their three versions. A directory the branch renamed is
-// not merged yet: its paths are reported failed.
-func (m *Manager) plan(bv, pv *View, entries []snapshot.Entry, uncaptured, only []string, res *control.MergeResult) []change {
-	var out []change
+// given), with their three versions, and says which fork-point entries a
+// merge must keep when it leaves some paths unmerged (keep).
+//
+// A directory the branch renamed (a "moved" entry: newp from oldp) is
+// merged as what it is to the parent: everything under oldp removed,
+// everything under newp new. What was under oldp at the fork is rebuilt
+// from the branch: what is under newp now, but for the paths captured
+// since (before the move under their old names, after it under their new
+// ones), whose captured versions are the fork's. A path the parent added
+// under oldp since the fork is a conflict.
+func (m *Manager) plan(bv, pv *View, entries []snapshot.Entry, uncaptured, only []string, res *control.MergeResult) (out []change, keep func(i int, done map[string]bool) bool) {
 	seen := map[string]bool{}
-	add := func(p string, fork version, unknown bool) {
+	add := func(p string, fork version, unknown bool, rename int, gone bool) {
 		if seen[p] || !selected(p, only) {
 			return
 		}
@@ -220,22 +248,204 @@ func (m *Manager) plan(bv, pv *View, entries []snapshot.Entry, uncaptured, only 
 			res.Failed = append(res.Failed, control.Failure{Path: p, Reason: "read it in the parent: " + err.Error()})
 			return
 		}
-		out = append(out, change{path: p, fork: fork, branch: b, parent: pa, unknown: unknown})
+		if fork.kind == "dir" && fork.mode == anyMode {
+			fork.mode = pa.mode // rebuilt: its mode is not known, and not compared
+		}
+		out = append(out, change{path: p, fork: fork, branch: b, parent: pa, unknown: unknown, rename: rename, gone: gone})
 	}
-	for _, e := range entries {
+	// Where each entry's path is now: moved along by the renames captured
+	// after it. A rename inside or of a renamed directory is not merged.
+	final := make([]string, len(entries))
+	group := make([]int, len(entries)) // the rename an entry belongs to, -1: none
+	var moves []int
+	for i, e := range entries {
+		final[i], group[i] = e.Path, -1
 		if e.Kind == snapshot.KindMoved {
-			if selected(e.Path, only) || selected(e.From, only) {
-				seen[e.Path], seen[e.From] = true, true
-				res.Failed = append(res.Failed, control.Failure{Path: e.Path, Reason: fmt.Sprintf("the branch renamed the directory %s to %s: merging directory renames is not supported yet; merge the other paths, or move it back in the branch and copy it instead", e.From, e.Path)})
+			moves = append(moves, i)
+		}
+	}
+	failedMove := map[int]bool{}
+	for _, i := range moves {
+		for _, j := range moves {
+			a, b := entries[i], entries[j]
+			if i != j && (under(a.Path, b.Path) || under(a.Path, b.From) || under(a.From, b.Path) || under(a.From, b.From)) {
+				failedMove[i] = true
 			}
+		}
+	}
+	for i, e := range entries {
+		for _, k := range moves {
+			mv := entries[k]
+			switch {
+			case k == i, e.Kind == snapshot.KindMoved:
+			case k > i && under(e.Path, mv.From):
+				final[i], group[i] = mv.Path+strings.TrimPrefix(e.Path, mv.From), k
+			case k < i && under(e.Path, mv.Path):
+				group[i] = k
+			case e.Path == mv.Path:
+				group[i] = k // the destination's own pre-image
+			}
+		}
+		if e.Kind == snapshot.KindMoved {
+			group[i] = i
+		}
+	}
+	// The fork's version of each path, the first capture winning.
+	fork := map[string]version{}
+	for i, e := range entries {
+		if e.Kind == snapshot.KindMoved || failedMove[group[i]] && group[i] >= 0 {
 			continue
 		}
-		add(e.Path, entryVersion(e), false)
+		if _, ok := fork[final[i]]; !ok {
+			fork[final[i]] = entryVersion(e)
+		}
+	}
+	for _, k := range moves {
+		mv := entries[k]
+		if !selected(mv.Path, only) && !selected(mv.From, only) {
+			continue
+		}
+		if failedMove[k] {
+			res.Failed = append(res.Failed, control.Failure{Path: mv.Path, Reason: fmt.Sprintf("the branch renamed %s to %s, and renamed within or over it too: this is not merged; merge the other paths, or copy it in the branch instead", mv.From, mv.Path)})
+			seen[mv.Path], seen[mv.From] = true, true
+			continue
+		}
+		// What was under From at the fork, by path relative to it.
+		old := map[string]version{"": {kind: "dir", mode: anyMode}}
+		err := walkView(bv.Engine, mv.Path, func(rel string, now version) {
+			if rel == "" {
+				return
+			}
+			if v, ok := fork[joinRel(mv.Path, rel)]; ok {
+				now = v
+			} else {
+				now.at = joinRel(mv.Path, rel)
+			}
+			if now.kind != "absent" {
+				old[rel] = now
+			}
+		})
+		if err != nil {
+			res.Failed = append(res.Failed, control.Failure{Path: mv.Path, Reason: "read it in the branch: " + err.Error()})
+			continue
+		}
+		for p, v := range fork {
+			if rel, ok := relUnder(p, mv.Path); ok && rel != "" && v.kind != "absent" {
+				old[rel] = v // removed from the moved directory since
+			}
+		}
+		// In the parent, everything under From goes unless it is new
+		// there (a conflict); everything under the new name is new.
+		pold := map[string]bool{}
+		walkView(pv.Engine, mv.From, func(rel string, _ version) { pold[rel] = true })
+		var rels []string
+		for rel := range old {
+			rels = append(rels, rel)
+		}
+		for rel := range pold {
+			if _, ok := old[rel]; !ok {
+				rels = append(rels, rel)
+			}
+		}
+		sort.Strings(rels)
+		for _, rel := range rels {
+			v, ok := old[rel]
+			if !ok {
+				v = version{kind: "absent"}
+			}
+			add(joinRel(mv.From, rel), v, false, k, !ok)
+		}
+		walkView(bv.Engine, mv.Path, func(rel string, _ version) {
+			add(joinRel(mv.Path, rel), version{kind: "absent"}, false, k, false)
+		})
+		for p := range fork {
+			if under(p, mv.Path) {
+				add(p, version{kind: "absent"}, false, k, false) // removed since: nothing to add
+			}
+		}
+	}
+	for i, e := range entries {
+		if e.Kind == snapshot.KindMoved || group[i] >= 0 {
+			continue
+		}
+		add(final[i], entryVersion(e), false, -1, false)
 	}
 	for _, p := range uncaptured {
-		add(p, version{kind: "absent"}, true)
+		add(p, version{kind: "absent"}, true, -1, false)
 	}
-	return out
+	// A rename's entries stay together at the next fork point unless all
+	// of its paths were merged.
+	keep = func(i int, done map[string]bool) bool {
+		g := group[i]
+		if g < 0 {
+			return !done[final[i]]
+		}
+		mv := entries[g]
+		for p := range seen {
+			if (under(p, mv.Path) || under(p, mv.From)) && !done[p] {
+				return true
+			}
+		}
+		return failedMove[g]
+	}
+	return out, keep
+}
+
+// anyMode marks a rebuilt directory version whose mode is not known.
+const anyMode = ^uint32(0)
+
+// under reports whether p is dir or below it.
+func under(p, dir string) bool {
+	return dir == "" || p == dir || strings.HasPrefix(p, dir+"/")
+}
+
+// relUnder returns p relative to dir ("" for dir itself) when p is under it.
+func relUnder(p, dir string) (string, bool) {
+	if p == dir {
+		return "", true
+	}
+	if strings.HasPrefix(p, dir+"/") {
+		return p[len(dir)+1:], true
+	}
+	return "", false
+}
+
+func joinRel(dir, rel string) string {
+	if rel == "" {
+		return dir
+	}
+	return joinPath(dir, rel)
+}
+
+// walkView calls fn with every path at or below root in eng's view,
+// relative to root, and its version, parents first.
+func walkView(eng *overlay.Engine, root string, fn func(rel string, v version)) error {
+	var walk func(rel string) error
+	walk = func(rel string) error {
+		p := joinRel(root, rel)
+		v, err := viewVersion(eng, p)
+		if err != nil {
+			return err
+		}
+		if v.kind == "absent" {
+			return nil
+		}
+		fn(rel, v)
+		if v.kind != "dir" {
+			return nil
+		}
+		ents, err := eng.ReadDir(p)
+		if err != nil {
+			return err
+		}
+		for _, d := range ents {
+			if err := walk(joinRel(rel, d.Name)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return walk("")
 }
 
 // selected reports whether p is at or below one of only (all when none).
@@ -410,14 +620,14 @@ func joinPath(dir, name string) string {
 // fork's versions of the paths the merge did not take (conflicts, failures,
 // paths not selected), then drops the old one. The branch holds still
 // meanwhile (HoldChanges), so nothing falls between the two.
-func (m *Manager) moveForkPoint(r *record, bv *View, entries []snapshot.Entry, uncaptured []string, done map[string]bool) error {
+func (m *Manager) moveForkPoint(r *record, bv *View, entries []snapshot.Entry, uncaptured []string, keep func(i int) bool, done map[string]bool) error {
 	next := overlay.ForkScope(r.Fork + 1)
 	bv.Snapshots.Drop(next) // a stray a crash left
 	if _, err := bv.Engine.OpenSnapshot(next, "", 0, nil); err != nil {
 		return err
 	}
-	for _, e := range entries {
-		if done[e.Path] {
+	for i, e := range entries {
+		if !keep(i) {
 			continue
 		}
 		if err := bv.Snapshots.Add(next, e); err != nil {

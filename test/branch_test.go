@@ -266,3 +266,32 @@ func TestClaudeCodeInABranch(t *testing.T) {
 	assertFile(t, m.in("written.txt"), "written\n")
 	assertMissing(t, m.inWS("written.txt"))
 }
+
+// A directory renamed in a branch (mv, git mv) merges whole: the old name
+// gone from the main view, the new one there with the branch's changes.
+func TestBranchDirectoryRenameMerges(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"docs/a.md": "# a\n", "docs/sub/b.md": "# b\n", "keep.txt": "keep\n"}))
+	m.mustCLI("branch", "mover")
+	if r := m.runInBranch("mover", "sed -i s/a/A/ docs/a.md && mv docs guide && echo new > guide/new.md && rm guide/sub/b.md"); r.code != 0 {
+		t.Fatal(r)
+	}
+	diff := m.mustCLI("diff", "--branch", "mover", "--color", "never")
+	sh(t, m.base, "rm -rf check && cp -r ws check && cd check && git apply - <<'EOF'\n"+diff+"EOF\ntest ! -e docs && cat guide/a.md guide/new.md")
+	res, r := m.merge("mover")
+	if r.code != 0 || len(res.Conflicts)+len(res.Failed) > 0 {
+		t.Fatalf("merge: %s", r)
+	}
+	assertMissing(t, m.in("docs"))
+	assertFile(t, m.in("guide/a.md"), "# A\n")
+	assertFile(t, m.in("guide/new.md"), "new\n")
+	assertMissing(t, m.in("guide/sub/b.md"))
+	if st, err := os.Stat(m.in("guide/sub")); err != nil || !st.IsDir() {
+		t.Fatalf("guide/sub in the main view: %v", err)
+	}
+	assertFile(t, m.in("keep.txt"), "keep\n")
+	assertFile(t, m.inWS("docs/a.md"), "# a\n")
+	m.commit()
+	assertMissing(t, m.inWS("docs"))
+	assertFile(t, m.inWS("guide/a.md"), "# A\n")
+}
