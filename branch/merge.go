@@ -232,163 +232,188 @@ func (m *Manager) mergeLocked(r *record, in overlay.MergeIntent) (control.MergeR
 // ones), whose captured versions are the fork's. A path the parent added
 // under oldp since the fork is a conflict.
 func (m *Manager) plan(bv, pv *View, entries []snapshot.Entry, uncaptured, only []string, res *control.MergeResult) (out []change, keep func(i int, done map[string]bool) bool) {
-	seen := map[string]bool{}
-	add := func(p string, fork version, unknown bool, rename int, gone bool) {
-		if seen[p] || !selected(p, only) {
-			return
-		}
-		seen[p] = true
-		b, err := viewVersion(bv.Engine, p)
-		if err != nil {
-			res.Failed = append(res.Failed, control.Failure{Path: p, Reason: "read it in the branch: " + err.Error()})
-			return
-		}
-		pa, err := viewVersion(pv.Engine, p)
-		if err != nil {
-			res.Failed = append(res.Failed, control.Failure{Path: p, Reason: "read it in the parent: " + err.Error()})
-			return
-		}
-		if fork.kind == "dir" && fork.mode == anyMode {
-			fork.mode = pa.mode // rebuilt: its mode is not known, and not compared
-		}
-		out = append(out, change{path: p, fork: fork, branch: b, parent: pa, unknown: unknown, rename: rename, gone: gone})
-	}
-	// Where each entry's path is now: moved along by the renames captured
-	// after it. A rename inside or of a renamed directory is not merged.
-	final := make([]string, len(entries))
-	group := make([]int, len(entries)) // the rename an entry belongs to, -1: none
-	var moves []int
-	for i, e := range entries {
-		final[i], group[i] = e.Path, -1
-		if e.Kind == snapshot.KindMoved {
-			moves = append(moves, i)
-		}
-	}
-	failedMove := map[int]bool{}
-	for _, i := range moves {
-		for _, j := range moves {
-			a, b := entries[i], entries[j]
-			if i != j && (under(a.Path, b.Path) || under(a.Path, b.From) || under(a.From, b.Path) || under(a.From, b.From)) {
-				failedMove[i] = true
-			}
-		}
-	}
-	for i, e := range entries {
-		for _, k := range moves {
-			mv := entries[k]
-			switch {
-			case k == i, e.Kind == snapshot.KindMoved:
-			case k > i && under(e.Path, mv.From):
-				final[i], group[i] = mv.Path+strings.TrimPrefix(e.Path, mv.From), k
-			case k < i && under(e.Path, mv.Path):
-				group[i] = k
-			case e.Path == mv.Path:
-				group[i] = k // the destination's own pre-image
-			}
-		}
-		if e.Kind == snapshot.KindMoved {
-			group[i] = i
-		}
-	}
+	pl := &planner{bv: bv, pv: pv, only: only, res: res, seen: map[string]bool{}}
+	rn := traceRenames(entries)
 	// The fork's version of each path, the first capture winning.
 	fork := map[string]version{}
 	for i, e := range entries {
-		if e.Kind == snapshot.KindMoved || failedMove[group[i]] && group[i] >= 0 {
+		if e.Kind == snapshot.KindMoved || rn.group[i] >= 0 && rn.failed[rn.group[i]] {
 			continue
 		}
-		if _, ok := fork[final[i]]; !ok {
-			fork[final[i]] = entryVersion(e)
+		if _, ok := fork[rn.final[i]]; !ok {
+			fork[rn.final[i]] = entryVersion(e)
 		}
 	}
-	for _, k := range moves {
-		mv := entries[k]
-		if !selected(mv.Path, only) && !selected(mv.From, only) {
-			continue
-		}
-		if failedMove[k] {
-			res.Failed = append(res.Failed, control.Failure{Path: mv.Path, Reason: fmt.Sprintf("the branch renamed %s to %s, and renamed within or over it too: this is not merged; merge the other paths, or copy it in the branch instead", mv.From, mv.Path)})
-			seen[mv.Path], seen[mv.From] = true, true
-			continue
-		}
-		// What was under From at the fork, by path relative to it.
-		old := map[string]version{"": {kind: "dir", mode: anyMode}}
-		err := walkView(bv.Engine, mv.Path, func(rel string, now version) {
-			if rel == "" {
-				return
-			}
-			if v, ok := fork[joinRel(mv.Path, rel)]; ok {
-				now = v
-			} else {
-				now.at = joinRel(mv.Path, rel)
-			}
-			if now.kind != "absent" {
-				old[rel] = now
-			}
-		})
-		if err != nil {
-			res.Failed = append(res.Failed, control.Failure{Path: mv.Path, Reason: "read it in the branch: " + err.Error()})
-			continue
-		}
-		for p, v := range fork {
-			if rel, ok := relUnder(p, mv.Path); ok && rel != "" && v.kind != "absent" {
-				old[rel] = v // removed from the moved directory since
-			}
-		}
-		// In the parent, everything under From goes unless it is new
-		// there (a conflict); everything under the new name is new.
-		pold := map[string]bool{}
-		walkView(pv.Engine, mv.From, func(rel string, _ version) { pold[rel] = true })
-		var rels []string
-		for rel := range old {
-			rels = append(rels, rel)
-		}
-		for rel := range pold {
-			if _, ok := old[rel]; !ok {
-				rels = append(rels, rel)
-			}
-		}
-		sort.Strings(rels)
-		for _, rel := range rels {
-			v, ok := old[rel]
-			if !ok {
-				v = version{kind: "absent"}
-			}
-			add(joinRel(mv.From, rel), v, false, k, !ok)
-		}
-		walkView(bv.Engine, mv.Path, func(rel string, _ version) {
-			add(joinRel(mv.Path, rel), version{kind: "absent"}, false, k, false)
-		})
-		for p := range fork {
-			if under(p, mv.Path) {
-				add(p, version{kind: "absent"}, false, k, false) // removed since: nothing to add
-			}
-		}
+	for _, k := range rn.moves {
+		pl.rename(k, entries[k], fork, rn.failed[k])
 	}
 	for i, e := range entries {
-		if e.Kind == snapshot.KindMoved || group[i] >= 0 {
-			continue
+		if e.Kind != snapshot.KindMoved && rn.group[i] < 0 {
+			pl.add(rn.final[i], entryVersion(e), false, -1, false)
 		}
-		add(final[i], entryVersion(e), false, -1, false)
 	}
 	for _, p := range uncaptured {
-		add(p, version{kind: "absent"}, true, -1, false)
+		pl.add(p, version{kind: "absent"}, true, -1, false)
 	}
 	// A rename's entries stay together at the next fork point unless all
 	// of its paths were merged.
 	keep = func(i int, done map[string]bool) bool {
-		g := group[i]
+		g := rn.group[i]
 		if g < 0 {
-			return !done[final[i]]
+			return !done[rn.final[i]]
 		}
 		mv := entries[g]
-		for p := range seen {
+		for p := range pl.seen {
 			if (under(p, mv.Path) || under(p, mv.From)) && !done[p] {
 				return true
 			}
 		}
-		return failedMove[g]
+		return rn.failed[g]
 	}
-	return out, keep
+	return pl.out, keep
+}
+
+// planner collects a merge's changes, each path once.
+type planner struct {
+	bv, pv *View
+	only   []string
+	res    *control.MergeResult
+	seen   map[string]bool
+	out    []change
+}
+
+// add plans the path p, whose version at the fork was fork, unless it is
+// not selected or planned already.
+func (pl *planner) add(p string, fork version, unknown bool, rename int, gone bool) {
+	if pl.seen[p] || !selected(p, pl.only) {
+		return
+	}
+	pl.seen[p] = true
+	b, err := viewVersion(pl.bv.Engine, p)
+	if err != nil {
+		pl.res.Failed = append(pl.res.Failed, control.Failure{Path: p, Reason: "read it in the branch: " + err.Error()})
+		return
+	}
+	pa, err := viewVersion(pl.pv.Engine, p)
+	if err != nil {
+		pl.res.Failed = append(pl.res.Failed, control.Failure{Path: p, Reason: "read it in the parent: " + err.Error()})
+		return
+	}
+	if fork.kind == "dir" && fork.mode == anyMode {
+		fork.mode = pa.mode // rebuilt: its mode is not known, and not compared
+	}
+	pl.out = append(pl.out, change{path: p, fork: fork, branch: b, parent: pa, unknown: unknown, rename: rename, gone: gone})
+}
+
+// rename plans the directory rename mv (entry k): everything under
+// mv.From removed, everything under mv.Path new.
+func (pl *planner) rename(k int, mv snapshot.Entry, fork map[string]version, failed bool) {
+	if !selected(mv.Path, pl.only) && !selected(mv.From, pl.only) {
+		return
+	}
+	if failed {
+		pl.res.Failed = append(pl.res.Failed, control.Failure{Path: mv.Path, Reason: fmt.Sprintf("the branch renamed %s to %s, and renamed within or over it too: this is not merged; merge the other paths, or copy it in the branch instead", mv.From, mv.Path)})
+		pl.seen[mv.Path], pl.seen[mv.From] = true, true
+		return
+	}
+	// What was under From at the fork, by path relative to it.
+	old := map[string]version{"": {kind: "dir", mode: anyMode}}
+	err := walkView(pl.bv.Engine, mv.Path, func(rel string, now version) {
+		if rel == "" {
+			return
+		}
+		if v, ok := fork[joinRel(mv.Path, rel)]; ok {
+			now = v
+		} else {
+			now.at = joinRel(mv.Path, rel)
+		}
+		if now.kind != "absent" {
+			old[rel] = now
+		}
+	})
+	if err != nil {
+		pl.res.Failed = append(pl.res.Failed, control.Failure{Path: mv.Path, Reason: "read it in the branch: " + err.Error()})
+		return
+	}
+	for p, v := range fork {
+		if rel, ok := relUnder(p, mv.Path); ok && rel != "" && v.kind != "absent" {
+			old[rel] = v // removed from the moved directory since
+		}
+	}
+	// In the parent, everything under From goes unless it is new there
+	// (a conflict); everything under the new name is new.
+	pold := map[string]bool{}
+	walkView(pl.pv.Engine, mv.From, func(rel string, _ version) { pold[rel] = true })
+	var rels []string
+	for rel := range old {
+		rels = append(rels, rel)
+	}
+	for rel := range pold {
+		if _, ok := old[rel]; !ok {
+			rels = append(rels, rel)
+		}
+	}
+	sort.Strings(rels)
+	for _, rel := range rels {
+		v, ok := old[rel]
+		if !ok {
+			v = version{kind: "absent"}
+		}
+		pl.add(joinRel(mv.From, rel), v, false, k, !ok)
+	}
+	walkView(pl.bv.Engine, mv.Path, func(rel string, _ version) {
+		pl.add(joinRel(mv.Path, rel), version{kind: "absent"}, false, k, false)
+	})
+	for p := range fork {
+		if under(p, mv.Path) {
+			pl.add(p, version{kind: "absent"}, false, k, false) // removed since: nothing to add
+		}
+	}
+}
+
+// renames is where a fork point's entries are now, given the directory
+// renames captured among them.
+type renames struct {
+	final  []string     // each entry's path now: moved along by the renames captured after it
+	group  []int        // the rename an entry belongs to, -1: none
+	moves  []int        // the renames' indexes
+	failed map[int]bool // renames within or over another: not merged
+}
+
+func traceRenames(entries []snapshot.Entry) renames {
+	rn := renames{final: make([]string, len(entries)), group: make([]int, len(entries)), failed: map[int]bool{}}
+	for i, e := range entries {
+		rn.final[i], rn.group[i] = e.Path, -1
+		if e.Kind == snapshot.KindMoved {
+			rn.moves = append(rn.moves, i)
+		}
+	}
+	for _, i := range rn.moves {
+		for _, j := range rn.moves {
+			a, b := entries[i], entries[j]
+			if i != j && (under(a.Path, b.Path) || under(a.Path, b.From) || under(a.From, b.Path) || under(a.From, b.From)) {
+				rn.failed[i] = true
+			}
+		}
+	}
+	for i, e := range entries {
+		if e.Kind == snapshot.KindMoved {
+			rn.group[i] = i
+			continue
+		}
+		for _, k := range rn.moves {
+			mv := entries[k]
+			switch {
+			case k > i && under(e.Path, mv.From):
+				rn.final[i], rn.group[i] = mv.Path+strings.TrimPrefix(e.Path, mv.From), k
+			case k < i && under(e.Path, mv.Path):
+				rn.group[i] = k
+			case e.Path == mv.Path:
+				rn.group[i] = k // the destination's own pre-image
+			}
+		}
+	}
+	return rn
 }
 
 // anyMode marks a rebuilt directory version whose mode is not known.
