@@ -1043,12 +1043,15 @@ func (r *commitRun) applyDir(p string, m *meta) error {
 			return err
 		}
 		if !m.Container {
-			// Only set, never removed: a directory's baseline does not
-			// see xattrs the user set on it meanwhile, and removing
-			// one through the mount is rare enough to leave.
+			// Those the view shows are set; those removed through the
+			// mount are removed (dirxattrs.go). Others the user set on
+			// the workspace's directory meanwhile stay.
 			eachXattr(e.upper, p, func(attr string, val []byte) {
 				unix.Lsetxattr(procPath(dirfd, name), attr, val, 0)
 			})
+			for _, attr := range e.removedDirXattrs(p) {
+				unix.Lremovexattr(procPath(dirfd, name), attr)
+			}
 		}
 		r.dirsMade[p] = true
 		return nil
@@ -1443,6 +1446,7 @@ func (e *Engine) dropCommitted(p string) {
 		return
 	}
 	if m.Kind == KindDir && len(e.children[p]) > 0 {
+		e.forgetDirXattrs(p) // the workspace's directory has them now
 		nm := *m
 		nm.Container, nm.Deleted, nm.Opaque, nm.Redirect = true, false, false, ""
 		if st, err := e.base.lstat(p); err == nil {

@@ -1685,6 +1685,7 @@ func (e *Engine) containerChanged(p string, l loc, m *meta, c Caller) error {
 			defer unix.Close(fd)
 			eachXattr(e.upper, p, func(name string, _ []byte) { unix.Fremovexattr(fd, name) })
 			copyXattrs(e.base, l.basePath, fd)
+			unix.Fremovexattr(fd, removedXattrs) // the workspace's, afresh
 			return nil
 		})
 		if err != nil {
@@ -1850,6 +1851,11 @@ func (e *Engine) changeXattr(p, attr string, c Caller, op string, fn func(layer,
 		}
 		if err := fn(e.upper, p); err != nil {
 			return err
+		}
+		if m.Kind == KindDir {
+			if err := e.noteDirXattr(p, attr, op == "removexattr"); err != nil {
+				return err
+			}
 		}
 		if m.Kind == KindSpecial && attr == aclAccessXattr {
 			return e.specialModeFromACL(p, m)

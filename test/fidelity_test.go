@@ -373,3 +373,32 @@ func TestCreateRacingRemove(t *testing.T) {
 		t.Errorf("open(O_CREAT) failed with ESTALE %d times of %d", total.openESTALE, total.opens)
 	}
 }
+
+// An xattr removed from a directory through the mount is removed from the
+// workspace's directory by the commit; one the user set on the
+// workspace's directory meanwhile stays, and one removed and set again is
+// set.
+func TestCommitRemovesDirectoryXattrsRemovedInTheView(t *testing.T) {
+	parallel(t)
+	requireTool(t, "setfattr")
+	requireTool(t, "getfattr")
+	m := mountStagefs(t, withFiles(map[string]string{"d/f": "f\n"}))
+	sh(t, m.ws, `setfattr -n user.a -v 1 d; setfattr -n user.b -v 2 d`)
+	sh(t, m.mnt, `setfattr -x user.a d; setfattr -n user.c -v 3 d; setfattr -x user.b d; setfattr -n user.b -v 5 d`)
+	sh(t, m.ws, `setfattr -n user.mine -v 9 d`) // the user's own, after staging
+	dump := `getfattr --absolute-names -d d | grep user. | sort`
+	if got := sh(t, m.mnt, dump); got != "user.b=\"5\"\nuser.c=\"3\"\n" {
+		t.Fatalf("the view: %q", got)
+	}
+	m.mustCLI("commit")
+	if got := sh(t, m.ws, dump); got != "user.b=\"5\"\nuser.c=\"3\"\nuser.mine=\"9\"\n" {
+		t.Fatalf("the workspace after the commit: %q", got)
+	}
+	// Committed: the record is gone with the change, and the view shows
+	// the workspace's directory again.
+	sh(t, m.ws, `setfattr -n user.a -v again d`)
+	m.mustCLI("commit")
+	if got := sh(t, m.ws, dump); got != "user.a=\"again\"\nuser.b=\"5\"\nuser.c=\"3\"\nuser.mine=\"9\"\n" {
+		t.Fatalf("the workspace after a second commit: %q", got)
+	}
+}
