@@ -165,9 +165,22 @@ func (e *Engine) commitLocked(sel []string, force, recovering bool, stage *commi
 	if recovering {
 		r.resumeMovesAside(sel)
 	}
+	// The root's times as the view shows them: the commit's changes in
+	// it would otherwise leave the workspace's root, and the view's,
+	// with the commit's time.
+	root, rootErr := e.statLocked("")
 	handled := r.applyRenames(sel)
 	r.applyChanges(sel, handled)
 	r.dropCommitted()
+	touched := r.syncDir[""]
+	for _, p := range r.res.Committed {
+		touched = touched || !strings.Contains(p, "/")
+	}
+	if rootErr == nil && touched {
+		ts := []unix.Timespec{unix.Timespec(root.Atim), unix.Timespec(root.Mtim)}
+		unix.UtimesNanoAt(unix.AT_FDCWD, fdPath(e.base.fd), ts, 0)
+		unix.UtimesNanoAt(unix.AT_FDCWD, fdPath(e.upper.fd), ts, 0)
+	}
 	return r.res
 }
 

@@ -769,7 +769,35 @@ func (e *Engine) statLoc(p string, l loc) (*syscall.Stat_t, error) {
 		return nil, err
 	}
 	st.Ino = e.baseIno(st)
+	if p == "" {
+		e.rootTimes(st)
+	}
 	return st, nil
+}
+
+// rootTimes gives the view's root the times a directory shows: changed by
+// what is staged in it too. The root has no pending entry of its own (it
+// is the workspace's, always); the upper tree's root changes with every
+// staged entry in it, and the later of the two times is the view's.
+func (e *Engine) rootTimes(st *syscall.Stat_t) {
+	if e.mode != Staged || len(e.children[""]) == 0 {
+		return
+	}
+	var ust unix.Stat_t
+	if unix.Fstat(e.upper.fd, &ust) != nil {
+		return
+	}
+	if later(ust.Mtim, unix.Timespec(st.Mtim)) {
+		st.Mtim = syscall.Timespec(ust.Mtim)
+	}
+	if later(ust.Ctim, unix.Timespec(st.Ctim)) {
+		st.Ctim = syscall.Timespec(ust.Ctim)
+	}
+}
+
+// later reports whether a is after b.
+func later(a, b unix.Timespec) bool {
+	return a.Sec > b.Sec || a.Sec == b.Sec && a.Nsec > b.Nsec
 }
 
 // decorate turns an upper file's attributes into those of the entry it

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -400,5 +401,31 @@ func TestCommitRemovesDirectoryXattrsRemovedInTheView(t *testing.T) {
 	m.mustCLI("commit")
 	if got := sh(t, m.ws, dump); got != "user.a=\"again\"\nuser.b=\"5\"\nuser.c=\"3\"\nuser.mine=\"9\"\n" {
 		t.Fatalf("the workspace after a second commit: %q", got)
+	}
+}
+
+// The view's root directory shows the time of the last change staged in
+// it, as any directory does, and a commit leaves the workspace's root with
+// the time the view showed, not the commit's.
+func TestRootDirectoryTimes(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"a": "a\n", "sub/b": "b\n"}))
+	sh(t, m.ws, `touch -d '2020-01-01 00:00:00' . sub`)
+	mtime := func(p string) string { return sh(t, "/", "stat -c %y '"+p+"'") }
+	if got := mtime(m.mnt); !strings.HasPrefix(got, "2020-01-01 00:00:00") {
+		t.Fatalf("the view's root before any change: %s", got)
+	}
+	sh(t, m.mnt, `echo new > new`)
+	staged := mtime(m.mnt)
+	if strings.HasPrefix(staged, "2020-01-01") {
+		t.Fatalf("creating a file in the view's root left its mtime at %s", staged)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	m.mustCLI("commit")
+	if got := mtime(m.inWS("")); got != staged {
+		t.Errorf("the workspace's root after the commit: %s, the view showed %s", got, staged)
+	}
+	if got := mtime(m.mnt); got != staged {
+		t.Errorf("the view's root after the commit: %s, before it %s", got, staged)
 	}
 }
