@@ -21,7 +21,9 @@
 // next start when a crash stops it. After a merge the branch's fork point
 // moves to now, keeping the conflicting paths' fork versions.
 //
-// Lock order: Manager.mu is taken before any engine lock (a fork holds the
-// parent's change gate under it), and never while a merge waits on an
-// engine.
+// Lock order: Manager.mu is held through every fork, drop and merge, and
+// taken before any engine lock (a fork holds the parent's change gate
+// under it; a merge holds the branch's whole, then takes the parent's).
+// Infos, which session/initialize calls on every socket, never waits for
+// it.
 package branch

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"stagefs/control"
@@ -29,6 +30,11 @@ type View struct {
 	// Invalidate drops what the kernel caches of paths in the view's
 	// mount, after a merge changed them behind its back.
 	Invalidate func(paths []string)
+	// InUse reports whether a run (stagefs run, an agent command, an acp
+	// proxy) works in the view now; Unmount unmounts it unless a process
+	// holds it.
+	InUse   func() bool
+	Unmount func() error
 	// UnfinishedMerge is a merge into this view a crash interrupted,
 	// found in its journal at start-up.
 	UnfinishedMerge *overlay.MergeIntent
@@ -67,6 +73,9 @@ type Manager struct {
 	main  *View
 	reg   []record         // parents before their children
 	views map[string]*View // open branches by name
+	// saved is a copy of reg as last saved or loaded, for Infos while
+	// mu is held by a long operation.
+	saved atomic.Pointer[[]record]
 }
 
 // NewManager returns a manager that answers "not started" until Start.
@@ -74,7 +83,9 @@ func NewManager(cfg Config) *Manager {
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
 	}
-	return &Manager{cfg: cfg, views: map[string]*View{}}
+	m := &Manager{cfg: cfg, views: map[string]*View{}}
+	m.saved.Store(&[]record{})
+	return m
 }
 
 func (m *Manager) dir() string                { return filepath.Join(m.cfg.State, "branches") }
@@ -114,6 +125,8 @@ func (m *Manager) Start(main View, host Host) error {
 		m.views[r.Name] = v
 	}
 	m.reg = kept
+	saved := append([]record(nil), kept...)
+	m.saved.Store(&saved)
 	m.removeStrays(known)
 	if err := m.finishMerges(); err != nil {
 		errs = append(errs, err)
@@ -178,7 +191,12 @@ func (m *Manager) saveLocked() error {
 	if err != nil {
 		return err
 	}
-	return atomicfile.Write(m.registryPath(), append(b, '\n'), 0o600)
+	if err := atomicfile.Write(m.registryPath(), append(b, '\n'), 0o600); err != nil {
+		return err
+	}
+	saved := append([]record(nil), m.reg...)
+	m.saved.Store(&saved)
+	return nil
 }
 
 func (m *Manager) started() error {
@@ -271,6 +289,14 @@ func (m *Manager) DropBranch(ctx context.Context, p control.BranchParams) (contr
 	}
 	info := m.infoLocked(*r)
 	if v := m.views[p.Name]; v != nil {
+		if v.InUse != nil && v.InUse() {
+			return info, control.Errorf(control.CodeBusy, "branch %s is in use: a stagefs run, agent command or acp proxy works in it; drop it once that has ended", p.Name)
+		}
+		if v.Unmount != nil {
+			if err := v.Unmount(); err != nil {
+				return info, control.Errorf(control.CodeBusy, "branch %s is in use: its mount %s is busy (%v): a process has a file or its working directory there", p.Name, v.Mount, err)
+			}
+		}
 		v.Close()
 		delete(m.views, p.Name)
 	}
@@ -302,11 +328,21 @@ func (m *Manager) ListBranches(ctx context.Context) (control.ListBranchesResult,
 	return res, nil
 }
 
-// Infos describes every branch, oldest first.
+// Infos describes every branch, oldest first. While a fork, drop or merge
+// runs it does not wait: it answers from the registry as it was last
+// saved, without the pending counts.
 func (m *Manager) Infos() []control.BranchInfo {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	out := []control.BranchInfo{}
+	if !m.mu.TryLock() {
+		for _, r := range *m.saved.Load() {
+			info := control.BranchInfo{Name: r.Name, Parent: r.Parent, ForkedAt: r.ForkedAt}
+			info.Mount = filepath.Join(m.stateOf(r.Name), "mnt")
+			info.Socket = filepath.Join(m.stateOf(r.Name), "control.sock")
+			out = append(out, info)
+		}
+		return out
+	}
+	defer m.mu.Unlock()
 	for _, r := range m.reg {
 		out = append(out, m.infoLocked(r))
 	}

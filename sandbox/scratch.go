@@ -334,6 +334,12 @@ func treeBytes(p string) int64 {
 	return n
 }
 
+// ScratchInUse reports whether a run of the mount whose state dir is state
+// is running now (it holds the scratch layer).
+func ScratchInUse(state string) bool {
+	return heldBy(filepath.Join(ScratchDir(state), scratchLock)) == unix.F_RDLCK
+}
+
 // ErrScratchInUse is DropScratch's answer while a run uses the layer.
 var ErrScratchInUse = errors.New("a run of this mount is using the scratch layer; drop it when no stagefs run, agent command or acp proxy of the mount is running")
 

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"stagefs/control"
 	"stagefs/test/agentsim"
@@ -294,4 +295,26 @@ func TestBranchDirectoryRenameMerges(t *testing.T) {
 	m.commit()
 	assertMissing(t, m.inWS("docs"))
 	assertFile(t, m.inWS("guide/a.md"), "# A\n")
+}
+
+// A branch in use by a run is not dropped from under it.
+func TestBranchDropWaitsForItsRuns(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"f": "f\n"}))
+	m.mustCLI("branch", "busy")
+	done := make(chan result, 1)
+	go func() { done <- m.runInBranch("busy", "echo x > f; sleep 3; cat f") }()
+	for i := 0; i < 100; i++ {
+		if b, _ := os.ReadFile(filepath.Join(m.state, "branches", "busy", "mnt", "f")); string(b) == "x\n" {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if r := m.cli("branch", "--drop", "busy"); r.code == 0 || !strings.Contains(r.stderr, "in use") {
+		t.Fatalf("drop of a branch a run works in: %s", r)
+	}
+	if r := <-done; r.code != 0 || r.stdout != "x\n" {
+		t.Fatalf("the run in the branch: %s", r)
+	}
+	m.mustCLI("branch", "--drop", "busy")
 }

@@ -190,6 +190,8 @@ func (st *stage) view() branch.View {
 		Socket:          socketPath(st.cfg.state),
 		Close:           st.close,
 		Invalidate:      st.mfs.Invalidate,
+		InUse:           func() bool { return sandbox.ScratchInUse(st.cfg.state) },
+		Unmount:         st.mfs.Server().Unmount,
 		UnfinishedMerge: st.merge,
 	}
 }
