@@ -338,6 +338,10 @@ func (e *Engine) placeNew(p string, l loc, m *meta, build func(dirfd int, name s
 			}
 			unix.Unlinkat(e.workFd, tmp, 0)
 			return nil
+		case m.Kind != KindDir:
+			// A file over a whiteout or file (an upper directory in the
+			// way was removed above): the caches stay.
+			return renameFileAt(e.workFd, tmp, dirfd, name, 0)
 		}
 		return renameAt(e.workFd, tmp, dirfd, name, 0)
 	})
@@ -943,7 +947,11 @@ func (e *Engine) whiteoutAt(p string, b Baseline, c Caller) error {
 				// rename(2) cannot put a file over a directory.
 				return renameAt(e.workFd, tmp, dirfd, name, unix.RENAME_EXCHANGE)
 			}
-			return renameAt(e.workFd, tmp, dirfd, name, 0)
+			// A file over a file or nothing (the index holds every
+			// upper entry): no directory moves, so the directory
+			// caches stay. (renameAt emptied them at every unlink, and
+			// the next operation walked from the root.)
+			return renameFileAt(e.workFd, tmp, dirfd, name, 0)
 		})
 	}
 	if err != nil {
