@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -20,26 +19,8 @@ import (
 // before, so that the kernel must ask the daemon), beside the same stat on
 // an idle mount.
 func measureCommitWait(bin, root string, n int) {
-	base, err := os.MkdirTemp(root, "benchops-commit-")
-	if err != nil {
-		fail(err)
-	}
-	defer os.RemoveAll(base)
-	ws, mnt, st := filepath.Join(base, "ws"), filepath.Join(base, "mnt"), filepath.Join(base, "st")
-	for _, d := range []string{ws, mnt} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			fail(err)
-		}
-	}
-	if out, err := exec.Command(bin, "mount", ws, mnt, "--state", st).CombinedOutput(); err != nil {
-		fail(fmt.Errorf("mount: %v: %s", err, out))
-	}
-	defer exec.Command(bin, "unmount", "--lazy", mnt).Run()
-	c, err := control.Dial(filepath.Join(st, "control.sock"))
-	if err != nil {
-		fail(err)
-	}
-	defer c.Close()
+	mnt, c, unmount := scratchMount(bin, root, "benchops-commit-")
+	defer unmount()
 	body := strings.Repeat("x", 4096)
 	for i := 0; i < n; i++ {
 		d := filepath.Join(mnt, fmt.Sprintf("d%02d", i/500))

@@ -31,26 +31,8 @@ func measureFork(bin, root, sizes string) {
 }
 
 func forkRow(bin, root string, n int) {
-	base, err := os.MkdirTemp(root, "benchops-fork-")
-	if err != nil {
-		fail(err)
-	}
-	defer os.RemoveAll(base)
-	ws, mnt, st := filepath.Join(base, "ws"), filepath.Join(base, "mnt"), filepath.Join(base, "st")
-	for _, d := range []string{ws, mnt} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			fail(err)
-		}
-	}
-	if out, err := exec.Command(bin, "mount", ws, mnt, "--state", st).CombinedOutput(); err != nil {
-		fail(fmt.Errorf("mount: %v: %s", err, out))
-	}
-	defer exec.Command(bin, "unmount", "--lazy", mnt).Run()
-	c, err := control.Dial(filepath.Join(st, "control.sock"))
-	if err != nil {
-		fail(err)
-	}
-	defer c.Close()
+	mnt, c, done := scratchMount(bin, root, "benchops-fork-")
+	defer done()
 	for i := 0; i < n; i++ {
 		d := filepath.Join(mnt, fmt.Sprintf("d%03d", i/100))
 		if i%100 == 0 {
@@ -97,4 +79,32 @@ func median(ds []time.Duration) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// scratchMount mounts an empty workspace in a new directory under root and
+// dials its daemon; done unmounts and removes everything.
+func scratchMount(bin, root, prefix string) (mnt string, c *control.Client, done func()) {
+	base, err := os.MkdirTemp(root, prefix)
+	if err != nil {
+		fail(err)
+	}
+	ws, mnt, st := filepath.Join(base, "ws"), filepath.Join(base, "mnt"), filepath.Join(base, "st")
+	for _, d := range []string{ws, mnt} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			fail(err)
+		}
+	}
+	if out, err := exec.Command(bin, "mount", ws, mnt, "--state", st).CombinedOutput(); err != nil {
+		fail(fmt.Errorf("mount: %v: %s", err, out))
+	}
+	c, err = control.Dial(filepath.Join(st, "control.sock"))
+	if err != nil {
+		exec.Command(bin, "unmount", "--lazy", mnt).Run()
+		fail(err)
+	}
+	return mnt, c, func() {
+		c.Close()
+		exec.Command(bin, "unmount", "--lazy", mnt).Run()
+		os.RemoveAll(base)
+	}
 }
