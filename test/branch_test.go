@@ -173,6 +173,11 @@ echo new > b-only.txt`,
 		t.Fatalf("git in the workspace after the commit: %q", got)
 	}
 
+	// A branch's mount is not unmounted on its own.
+	if r := runStagefs(t, "unmount", list.Branches[0].Mount); r.code == 0 || !strings.Contains(r.stderr, "branch --drop") {
+		t.Fatalf("unmount of a branch's mount: %s", r)
+	}
+
 	// Dropping: children first.
 	m.mustCLI("branch", "c", "--from", "a")
 	if r := m.cli("branch", "--drop", "a"); r.code == 0 || !strings.Contains(r.stderr, "drop that first") {
@@ -231,6 +236,10 @@ func TestClaudeCodeInABranch(t *testing.T) {
 		"claude", "--branch", "agent", "--claude", s.claude, "--", "-p", "branch prompt", "--allowedTools", "Bash Write", "--output-format", "json")
 	if r.code != 0 || !strings.Contains(r.stdout, "branch done") {
 		t.Fatalf("stagefs claude --branch agent: %s", r)
+	}
+	// The summary says how a branch's work goes on: a merge, not a commit.
+	if !strings.Contains(r.stderr, "stagefs merge -m") || strings.Contains(r.stderr, "stagefs commit") || strings.Contains(r.stderr, "stagefs unmount") {
+		t.Errorf("the summary after Claude Code exits in a branch:\n%s", r.stderr)
 	}
 	assertFile(t, m.in("a.txt"), "old a\n")
 	assertMissing(t, m.in("written.txt"))

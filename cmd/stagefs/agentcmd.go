@@ -283,8 +283,16 @@ func printAgentSummary(ctx context.Context, a *agents.Agent, c *control.Client, 
 		lastTurn = "TURN"
 	}
 	fmt.Fprintf(w, "  roll back a prompt: stagefs rollback %s %s   (stagefs checkpoints %s; stagefs redo %s)\n", m, lastTurn, m, m)
-	fmt.Fprintf(w, "  commit:          stagefs commit %s [PATH...]\n", m)
-	fmt.Fprintf(w, "  unmount:         stagefs unmount %s\n", agents.ShellQuote(init.Mount))
+	if init.Branch != "" {
+		// A branch reaches the workspace through its parent, and its
+		// mount goes with it.
+		fmt.Fprintf(w, "  since its fork:  stagefs diff %s --branch %s\n", m, init.Branch)
+		fmt.Fprintf(w, "  merge:           stagefs merge %s %s [PATH...]   (into its parent; commit there)\n", m, init.Branch)
+		fmt.Fprintf(w, "  drop it:         stagefs branch %s --drop %s\n", m, init.Branch)
+	} else {
+		fmt.Fprintf(w, "  commit:          stagefs commit %s [PATH...]\n", m)
+		fmt.Fprintf(w, "  unmount:         stagefs unmount %s\n", agents.ShellQuote(init.Mount))
+	}
 	if a.Note != "" {
 		fmt.Fprintf(w, "  note: %s\n", a.Note)
 	}
