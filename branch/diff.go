@@ -41,7 +41,11 @@ func (m *Manager) BranchDiff(ctx context.Context, p control.BranchDiffParams) (c
 	}
 	info, _ := bv.Snapshots.Lookup(scope)
 	var skipped control.MergeResult
-	planned, _ := m.plan(bv, pv, entries, info.Uncaptured, p.Paths, &skipped)
+	paths, err := m.relPaths(p.Paths)
+	if err != nil {
+		return control.DiffResult{}, err
+	}
+	planned, _ := m.plan(bv, pv, entries, info.Uncaptured, overlay.MergeIntent{Paths: paths}, &skipped)
 	var changes []unidiff.FileChange
 	for _, c := range planned {
 		if c.branch.same(c.fork) && !c.gone {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,8 +49,9 @@ type Host interface {
 
 // Config configures a Manager.
 type Config struct {
-	State string // the mount's state dir
-	Logf  func(format string, args ...any)
+	State     string // the mount's state dir
+	Workspace string // real and absolute: absolute paths under it name its paths
+	Logf      func(format string, args ...any)
 }
 
 // record is a branch as branches.json keeps it.
@@ -107,27 +109,27 @@ func (m *Manager) Start(main View, host Host) error {
 			return fmt.Errorf("%s: %w", m.registryPath(), err)
 		}
 	}
-	known := map[string]bool{}
-	var kept []record
+	// Every registered branch stays registered and on disk, served or
+	// not: one that cannot be served now (its mount busy, its journal
+	// damaged) keeps its pending set for the next start, or a drop.
+	registered := map[string]bool{}
 	var errs []error
 	for _, r := range m.reg {
-		if !control.ValidBranchName(r.Name) || (r.Parent != control.MainBranch && !known[r.Parent]) {
-			errs = append(errs, fmt.Errorf("branch %q (parent %q): not a branch this mount can serve; left in %s", r.Name, r.Parent, m.dir()))
+		registered[r.Name] = true
+		if !control.ValidBranchName(r.Name) || (r.Parent != control.MainBranch && m.views[r.Parent] == nil) {
+			errs = append(errs, fmt.Errorf("branch %q (parent %q) is not served: its parent is not; left in %s", r.Name, r.Parent, m.dir()))
 			continue
 		}
 		v, err := m.open(r)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("branch %s: %w", r.Name, err))
+			errs = append(errs, fmt.Errorf("branch %s is not served: %w; its pending set is kept in %s", r.Name, err, m.stateOf(r.Name)))
 			continue
 		}
-		known[r.Name] = true
-		kept = append(kept, r)
 		m.views[r.Name] = v
 	}
-	m.reg = kept
-	saved := append([]record(nil), kept...)
+	saved := append([]record(nil), m.reg...)
 	m.saved.Store(&saved)
-	m.removeStrays(known)
+	m.removeStrays(registered)
 	if err := m.finishMerges(); err != nil {
 		errs = append(errs, err)
 	}
@@ -159,13 +161,13 @@ func (m *Manager) open(r record) (*View, error) {
 
 // removeStrays removes the directories of branches the registry does not
 // list: a fork a crash stopped before it was registered, or a drop after.
-func (m *Manager) removeStrays(known map[string]bool) {
+func (m *Manager) removeStrays(registered map[string]bool) {
 	ents, err := os.ReadDir(m.dir())
 	if err != nil {
 		return
 	}
 	for _, d := range ents {
-		if d.IsDir() && !known[d.Name()] {
+		if d.IsDir() && !registered[d.Name()] {
 			if err := os.RemoveAll(filepath.Join(m.dir(), d.Name())); err != nil {
 				m.cfg.Logf("branches: remove %s: %v", d.Name(), err)
 			}
@@ -224,6 +226,40 @@ func (m *Manager) recordLocked(name string) *record {
 		}
 	}
 	return nil
+}
+
+// relPaths turns the paths a client gave (relative to the workspace's
+// root, or absolute under the workspace or one of the mount's views) into
+// the engine's form.
+func (m *Manager) relPaths(ps []string) ([]string, error) {
+	roots := []string{m.cfg.Workspace, m.main.Mount}
+	for _, v := range m.views {
+		roots = append(roots, v.Mount)
+	}
+	out := make([]string, 0, len(ps))
+	for _, p := range ps {
+		if filepath.IsAbs(p) {
+			c, found := filepath.Clean(p), false
+			for _, root := range roots {
+				if root != "" && (c == root || strings.HasPrefix(c, root+"/")) {
+					p, found = strings.TrimPrefix(strings.TrimPrefix(c, root), "/"), true
+					break
+				}
+			}
+			if !found {
+				return nil, control.Errorf(control.CodePathOutsideWorkspace, "%s is outside the workspace and the mount's views", p)
+			}
+			if p == "" {
+				p = "."
+			}
+		}
+		rel, err := overlay.CleanPath(p)
+		if err != nil {
+			return nil, control.Errorf(control.CodePathOutsideWorkspace, "%s: %v", p, err)
+		}
+		out = append(out, rel)
+	}
+	return out, nil
 }
 
 // CreateBranch forks p.Name from p.From (the main view by default).

@@ -68,7 +68,7 @@ func setup(t *testing.T) (*Manager, View, string) {
 	require.NoError(t, os.WriteFile(filepath.Join(ws, "f"), []byte("base\n"), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(ws, "g"), []byte("g\n"), 0o644))
 	main := openView(t, ws, state)
-	m := NewManager(Config{State: state, Logf: t.Logf})
+	m := NewManager(Config{State: state, Workspace: ws, Logf: t.Logf})
 	require.NoError(t, m.Start(main, &engineHost{t: t, ws: ws}))
 	t.Cleanup(func() { m.Close(); main.Close() })
 	return m, main, ws
@@ -277,4 +277,27 @@ func TestMergeOfADirectoryRenameConflicts(t *testing.T) {
 	require.Equal(t, "a\n", read(t, main.Engine, "e/a"))
 	_, err = main.Engine.Stat("d")
 	require.ErrorIs(t, err, unix.ENOENT)
+}
+
+// Paths reach a merge as a user types them: with a trailing slash, a
+// leading "./", or absolute under the workspace.
+func TestMergePathsAsTyped(t *testing.T) {
+	m, main, ws := setup(t)
+	ctx := context.Background()
+	_, err := m.CreateBranch(ctx, control.BranchParams{Name: "b"})
+	require.NoError(t, err)
+	b := m.views["b"].Engine
+	_, err = b.Mkdir("src", 0o755, proc)
+	require.NoError(t, err)
+	write(t, b, "src/a", "a\n")
+	write(t, b, "f", "branch f\n")
+	write(t, b, "g", "branch g\n")
+	res, err := m.Merge(ctx, control.MergeParams{Name: "b", Paths: []string{"src/", "./f", filepath.Join(ws, "g")}})
+	require.NoError(t, err)
+	require.Equal(t, []string{"f", "g", "src", "src/a"}, res.Merged)
+	require.Equal(t, "a\n", read(t, main.Engine, "src/a"))
+	_, err = m.Merge(ctx, control.MergeParams{Name: "b", Paths: []string{"/etc/passwd"}})
+	require.ErrorContains(t, err, "outside the workspace")
+	_, err = m.Merge(ctx, control.MergeParams{Name: "b", Paths: []string{"../x"}})
+	require.Error(t, err)
 }

@@ -130,7 +130,11 @@ func (m *Manager) Merge(ctx context.Context, p control.MergeParams) (control.Mer
 	if p.Into != "" && p.Into != r.Parent {
 		return control.MergeResult{}, control.Errorf(control.CodeInvalidParams, "branch %s was forked from %s: it merges only into %s", p.Name, r.Parent, r.Parent)
 	}
-	res, err := m.mergeLocked(r, overlay.MergeIntent{Branch: p.Name, Paths: p.Paths, Force: p.Force})
+	paths, err := m.relPaths(p.Paths)
+	if err != nil {
+		return control.MergeResult{}, err
+	}
+	res, err := m.mergeLocked(r, overlay.MergeIntent{Branch: p.Name, Paths: paths, Force: p.Force})
 	if pv, _ := m.viewLocked(r.Parent); pv != nil && pv.Invalidate != nil && len(res.Merged) > 0 {
 		pv.Invalidate(res.Merged)
 	}
@@ -160,7 +164,7 @@ func (m *Manager) mergeLocked(r *record, in overlay.MergeIntent) (control.MergeR
 	info, _ := bv.Snapshots.Lookup(scope)
 	var changes []change
 	done := map[string]bool{} // merged or the same on both sides: leaves the fork point
-	planned, keep := m.plan(bv, pv, entries, info.Uncaptured, in.Paths, &res)
+	planned, keep := m.plan(bv, pv, entries, info.Uncaptured, in, &res)
 	held := map[int]bool{} // renames with a conflict: applied not at all
 	for _, c := range planned {
 		switch {
@@ -185,9 +189,15 @@ func (m *Manager) mergeLocked(r *record, in overlay.MergeIntent) (control.MergeR
 	}
 	kept := changes[:0]
 	for _, c := range changes {
-		if c.rename < 0 || !held[c.rename] {
-			kept = append(kept, c)
+		if c.rename >= 0 && held[c.rename] {
+			continue
 		}
+		if anc := conflictAbove(c.path, res.Conflicts); anc != "" {
+			// What goes in a directory waits for the directory.
+			res.Conflicts = append(res.Conflicts, control.MergeConflict{Path: c.path, Fork: c.fork.String(), Branch: c.branch.String(), Parent: c.parent.String() + " (and " + anc + " above it is a conflict)"})
+			continue
+		}
+		kept = append(kept, c)
 	}
 	changes = kept
 	if len(changes) > 0 {
@@ -199,6 +209,15 @@ func (m *Manager) mergeLocked(r *record, in overlay.MergeIntent) (control.MergeR
 			return res, fmt.Errorf("journal the merge: %w", err)
 		}
 		for _, c := range applyOrder(changes) {
+			if !in.Force {
+				// The parent is not held still: what it shows may have
+				// changed since the plan read it. (Not closed: a change
+				// between this check and the write still loses.)
+				if now, err := viewVersion(pv.Engine, c.path); err != nil || !now.same(c.parent) {
+					res.Conflicts = append(res.Conflicts, control.MergeConflict{Path: c.path, Fork: c.fork.String(), Branch: c.branch.String(), Parent: now.String() + " (changed during the merge)"})
+					continue
+				}
+			}
 			if err := apply(bv.Engine, pv.Engine, c); err != nil {
 				res.Failed = append(res.Failed, control.Failure{Path: c.path, Reason: err.Error()})
 				continue
@@ -231,8 +250,15 @@ func (m *Manager) mergeLocked(r *record, in overlay.MergeIntent) (control.MergeR
 // since (before the move under their old names, after it under their new
 // ones), whose captured versions are the fork's. A path the parent added
 // under oldp since the fork is a conflict.
-func (m *Manager) plan(bv, pv *View, entries []snapshot.Entry, uncaptured, only []string, res *control.MergeResult) (out []change, keep func(i int, done map[string]bool) bool) {
-	pl := &planner{bv: bv, pv: pv, only: only, res: res, seen: map[string]bool{}}
+func (m *Manager) plan(bv, pv *View, entries []snapshot.Entry, uncaptured []string, in overlay.MergeIntent, res *control.MergeResult) (out []change, keep func(i int, done map[string]bool) bool) {
+	pl := &planner{bv: bv, pv: pv, res: res, seen: map[string]bool{}, selected: func(p string) bool { return selected(p, in.Paths) }}
+	if in.Exact {
+		exact := map[string]bool{}
+		for _, p := range in.Paths {
+			exact[p] = true
+		}
+		pl.selected = func(p string) bool { return exact[p] }
+	}
 	rn := traceRenames(entries)
 	// The fork's version of each path, the first capture winning.
 	fork := map[string]version{}
@@ -276,19 +302,24 @@ func (m *Manager) plan(bv, pv *View, entries []snapshot.Entry, uncaptured, only 
 // planner collects a merge's changes, each path once.
 type planner struct {
 	bv, pv *View
-	only   []string
-	res    *control.MergeResult
-	seen   map[string]bool
-	out    []change
+	// selected says whether a path is one the merge was asked for.
+	selected func(p string) bool
+	res      *control.MergeResult
+	seen     map[string]bool
+	out      []change
 }
 
 // add plans the path p, whose version at the fork was fork, unless it is
 // not selected or planned already.
 func (pl *planner) add(p string, fork version, unknown bool, rename int, gone bool) {
-	if pl.seen[p] || !selected(p, pl.only) {
+	if pl.seen[p] || !pl.selected(p) {
 		return
 	}
 	pl.seen[p] = true
+	if pl.bv.Engine.OpenForWriting(p) {
+		pl.res.Failed = append(pl.res.Failed, control.Failure{Path: p, Reason: "busy: a process in the branch has it open for writing; merge it once it is closed"})
+		return
+	}
 	b, err := viewVersion(pl.bv.Engine, p)
 	if err != nil {
 		pl.res.Failed = append(pl.res.Failed, control.Failure{Path: p, Reason: "read it in the branch: " + err.Error()})
@@ -308,7 +339,7 @@ func (pl *planner) add(p string, fork version, unknown bool, rename int, gone bo
 // rename plans the directory rename mv (entry k): everything under
 // mv.From removed, everything under mv.Path new.
 func (pl *planner) rename(k int, mv snapshot.Entry, fork map[string]version, failed bool) {
-	if !selected(mv.Path, pl.only) && !selected(mv.From, pl.only) {
+	if !pl.selected(mv.Path) && !pl.selected(mv.From) {
 		return
 	}
 	if failed {
@@ -473,6 +504,16 @@ func walkView(eng *overlay.Engine, root string, fn func(rel string, v version)) 
 	return walk("")
 }
 
+// conflictAbove returns a conflicting path that p is below ("" when none).
+func conflictAbove(p string, conflicts []control.MergeConflict) string {
+	for _, x := range conflicts {
+		if strings.HasPrefix(p, x.Path+"/") {
+			return x.Path
+		}
+	}
+	return ""
+}
+
 // selected reports whether p is at or below one of only (all when none).
 func selected(p string, only []string) bool {
 	if len(only) == 0 {
@@ -511,8 +552,12 @@ var mergeCaller = overlay.Caller{Host: true, Comm: "stagefs-merge"}
 
 // apply makes the parent's view show at c.path what the branch's shows.
 func apply(b, p *overlay.Engine, c change) error {
-	if c.branch.kind == "absent" {
+	switch c.branch.kind {
+	case "absent":
 		return removeEntry(p, c.path)
+	case "file", "dir", "symlink":
+	default:
+		return fmt.Errorf("a %s is not merged; copy it in the parent", c.branch.kind)
 	}
 	if err := makeParents(b, p, c.path); err != nil {
 		return err
@@ -597,9 +642,7 @@ func makeParents(b, p *overlay.Engine, path string) error {
 			continue
 		}
 		if err == nil {
-			if err := removeEntry(p, dir); err != nil {
-				return err
-			}
+			return fmt.Errorf("%s is not a directory in the parent: merge it first", dir)
 		}
 		mode := uint32(0o755)
 		if bst, err := b.Stat(dir); err == nil {
@@ -648,25 +691,24 @@ func joinPath(dir, name string) string {
 func (m *Manager) moveForkPoint(r *record, bv *View, entries []snapshot.Entry, uncaptured []string, keep func(i int) bool, done map[string]bool) error {
 	next := overlay.ForkScope(r.Fork + 1)
 	bv.Snapshots.Drop(next) // a stray a crash left
-	if _, err := bv.Engine.OpenSnapshot(next, "", 0, nil); err != nil {
-		return err
-	}
+	var carry []snapshot.Entry
 	for i, e := range entries {
-		if !keep(i) {
-			continue
-		}
-		if err := bv.Snapshots.Add(next, e); err != nil {
-			bv.Snapshots.Drop(next)
-			return err
+		if keep(i) {
+			carry = append(carry, e)
 		}
 	}
+	var stillUncaptured []string
 	for _, p := range uncaptured {
 		if !done[p] {
-			if err := bv.Snapshots.MarkUncaptured(next, p); err != nil {
-				bv.Snapshots.Drop(next)
-				return err
-			}
+			stillUncaptured = append(stillUncaptured, p)
 		}
+	}
+	// Carried before anything is captured into it (a file held open
+	// for writing is captured as it opens), so that the fork's versions
+	// win over the branch's current ones.
+	if _, err := bv.Engine.OpenSnapshotWith(next, carry, stillUncaptured); err != nil {
+		bv.Snapshots.Drop(next)
+		return err
 	}
 	old := r.Fork
 	r.Fork, r.ForkedAt = r.Fork+1, time.Now().UnixNano()
@@ -694,23 +736,33 @@ func (m *Manager) finishMerges() error {
 			continue
 		}
 		in := *v.UnfinishedMerge
-		// The intent lists only paths the merge had found free of
-		// conflicts (or was told to force); one it stopped half way
+		// The intent lists exactly the paths the merge had found free
+		// of conflicts (or was told to force); one it stopped half way
 		// through (a file truncated, not yet written) now looks changed
 		// in the parent too, and must be applied all the same. Nothing
 		// else could change the parent while the daemon was down.
-		in.Force = true
+		in.Force, in.Exact = true, true
 		r := m.recordLocked(in.Branch)
-		if r == nil {
-			errs = append(errs, fmt.Errorf("a merge of branch %s was interrupted, but the branch is gone", in.Branch))
+		switch {
+		case r == nil:
+			m.cfg.Logf("a merge of branch %s was interrupted, but the branch is gone: nothing to finish", in.Branch)
+		case m.views[r.Name] == nil:
+			errs = append(errs, fmt.Errorf("a merge of branch %s was interrupted and is finished when the branch is served again", in.Branch))
+			continue
+		default:
+			res, err := m.mergeLocked(r, in)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("finish the merge of %s: %w", in.Branch, err))
+				continue
+			}
+			m.cfg.Logf("finished an interrupted merge of %s: %d merged, %d conflicts, %d failed", in.Branch, len(res.Merged), len(res.Conflicts), len(res.Failed))
+		}
+		// Ended whatever the re-run wrote, so no later start takes the
+		// intent up again.
+		if err := v.Engine.NoteMergeEnd(`{"finished":"at start-up"}`); err != nil {
+			errs = append(errs, fmt.Errorf("journal the end of the merge of %s: %w", in.Branch, err))
 			continue
 		}
-		res, err := m.mergeLocked(r, in)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("finish the merge of %s: %w", in.Branch, err))
-			continue
-		}
-		m.cfg.Logf("finished an interrupted merge of %s: %d merged, %d conflicts, %d failed", in.Branch, len(res.Merged), len(res.Conflicts), len(res.Failed))
 		v.UnfinishedMerge = nil
 	}
 	return errors.Join(errs...)

@@ -567,6 +567,11 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
+	if caller, ok := fuse.FromContext(ctx); ok {
+		// The kernel's retry of a lost open may come as a CREATE: the
+		// race is over (orphan.go).
+		n.sys.stale.forget(caller.Pid)
+	}
 	return child, h, flags, 0
 }
 

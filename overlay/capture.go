@@ -356,6 +356,41 @@ func (e *Engine) OpenLabeledSnapshot(scope, turn, label string, pid int, paths [
 	return e.openSnapshot(scope, turn, label, pid, paths, true)
 }
 
+// OpenSnapshotWith opens the unbound internal snapshot scope already
+// holding entries and marking uncaptured paths, before it captures
+// anything itself (the files held open for writing are captured as it
+// opens): a branch's next fork point keeps the fork's versions of what a
+// merge left in the branch. The caller keeps the engine from changing
+// meanwhile (HoldChanges).
+func (e *Engine) OpenSnapshotWith(scope string, entries []snapshot.Entry, uncaptured []string) (snapshot.Info, error) {
+	if e.snaps == nil {
+		return snapshot.Info{}, errors.New("snapshots are not enabled")
+	}
+	if !internalScope(scope) {
+		return snapshot.Info{}, fmt.Errorf("%s is not one of the engine's own scopes", scope)
+	}
+	info, err := e.snaps.CreateLabeled(scope, "", "", 0)
+	if err != nil {
+		return info, err
+	}
+	for _, en := range entries {
+		if err := e.snaps.Add(scope, en); err != nil {
+			e.snaps.Drop(scope)
+			return info, err
+		}
+	}
+	for _, p := range uncaptured {
+		if err := e.snaps.MarkUncaptured(scope, p); err != nil {
+			e.snaps.Drop(scope)
+			return info, err
+		}
+	}
+	e.openSnaps.Add(1)
+	e.noteSnapshot(scope, Record{Op: "snapshot_open", Detail: scope})
+	e.captureHeld(info)
+	return info, nil
+}
+
 // OpenSnapshotBeside opens an unbound snapshot like OpenLabeledSnapshot,
 // but leaves the other unbound snapshots open: for a caller that closes
 // its own (the agents' hook channel), so that it can close nobody else's.

@@ -387,6 +387,23 @@ func (r *commitRun) dropCommitted() {
 	}
 	done := append([]string(nil), r.res.Committed...)
 	sort.SliceStable(done, func(i, j int) bool { return depth(done[i]) > depth(done[j]) })
+	// A committed directory that hid the workspace's (opaque, or a
+	// rename's) shows it from now on: the workspace's holds what the
+	// view showed. Before any entry in it is dropped, so that the view
+	// stays whole at every yield below (an entry dropped from an opaque
+	// directory would vanish from the view until the directory's turn).
+	for _, p := range done {
+		if m := e.index[p]; m != nil && m.Kind == KindDir && !m.Deleted && (m.Opaque || m.Redirect != "") {
+			nm := *m
+			nm.Opaque, nm.Redirect = false, ""
+			if st, err := e.base.lstat(p); err == nil {
+				nm.Base = baselineOf(st)
+			}
+			if e.writeMeta(p, &nm) == nil {
+				*m = nm
+			}
+		}
+	}
 	for _, p := range done {
 		e.dropCommitted(p)
 		r.yield()

@@ -2,10 +2,12 @@ package overlay
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"syscall"
 
+	"github.com/cespare/xxhash/v2"
 	"golang.org/x/sys/unix"
 )
 
@@ -22,8 +24,12 @@ import (
 // the lock as before. Copies no commit took are removed with the stage
 // directory; a crash leaves it to the next commit or start-up.
 
-// commitStageDir is the stage directory's name in the workspace root.
-const commitStageDir = commitTempPrefix + "stage"
+// stageDir is this engine's stage directory's name in the workspace root:
+// one per state dir, since a mount's branches are engines over the same
+// workspace, and one's start-up must not remove another's copies.
+func (e *Engine) stageDir() string {
+	return fmt.Sprintf("%sstage-%016x", commitTempPrefix, xxhash.Sum64String(e.opts.StateDir))
+}
 
 // preparedCopy is a durable copy of a pending file in the stage directory.
 type preparedCopy struct {
@@ -61,11 +67,11 @@ func (e *Engine) prepareCopies(paths []string) *commitStage {
 	if len(wants) < prepareMin {
 		return s
 	}
-	if err := unix.Mkdirat(e.base.fd, commitStageDir, 0o700); err != nil {
+	if err := unix.Mkdirat(e.base.fd, e.stageDir(), 0o700); err != nil {
 		e.logf("commit: stage directory: %v", err)
 		return s
 	}
-	fd, err := unix.Openat(e.base.fd, commitStageDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	fd, err := unix.Openat(e.base.fd, e.stageDir(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		e.logf("commit: stage directory: %v", err)
 		return s
@@ -127,8 +133,8 @@ func (s *commitStage) close(e *Engine) {
 
 // removeCommitStage removes the stage directory, a crashed commit's too.
 func (e *Engine) removeCommitStage() {
-	if err := removeAllAt(e.base.fd, commitStageDir); err != nil && !errors.Is(err, syscall.ENOENT) {
-		e.logf("commit: remove %s: %v", commitStageDir, err)
+	if err := removeAllAt(e.base.fd, e.stageDir()); err != nil && !errors.Is(err, syscall.ENOENT) {
+		e.logf("commit: remove %s: %v", e.stageDir(), err)
 	}
 }
 

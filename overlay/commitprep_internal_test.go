@@ -37,15 +37,15 @@ func TestCommitTakesPreparedCopiesOnlyIfUnchanged(t *testing.T) {
 			return false
 		}
 		hooked = true
-		copies, err := os.ReadDir(filepath.Join(ws, commitStageDir))
+		copies, err := os.ReadDir(filepath.Join(ws, e.stageDir()))
 		require.NoError(t, err)
 		require.Len(t, copies, prepareMin+8, "every file was copied before the lock")
-		_, err = e.Stat(commitStageDir)
+		_, err = e.Stat(e.stageDir())
 		require.ErrorIs(t, err, syscall.ENOENT, "the stage directory is not in the view")
 		ents, err := e.ReadDir("")
 		require.NoError(t, err)
 		for _, d := range ents {
-			require.NotEqual(t, commitStageDir, d.Name)
+			require.NotEqual(t, e.stageDir(), d.Name)
 		}
 		// Changes after the copies: each must win over its copy.
 		writeNew(t, e, "d/f01", "changed after the copy")
@@ -69,7 +69,7 @@ func TestCommitTakesPreparedCopiesOnlyIfUnchanged(t *testing.T) {
 	for i := 5; i < prepareMin+8; i++ {
 		require.Equal(t, fmt.Sprintf("v%02d", i), readWorkspace(t, ws, fmt.Sprintf("d/f%02d", i)))
 	}
-	require.NoDirExists(t, filepath.Join(ws, commitStageDir))
+	require.NoDirExists(t, filepath.Join(ws, e.stageDir()))
 	for _, dir := range []string{"", "d"} {
 		for _, name := range workspaceNames(t, ws, dir) {
 			require.False(t, isCommitTemp(name), "%s left in %q", name, dir)
@@ -85,9 +85,9 @@ func TestCrashAfterCommitPrepared(t *testing.T) {
 	e := crashEngine(t, ws, state, "commit-prepared")
 	stagedFiles(t, e, "d", prepareMin)
 	require.PanicsWithValue(t, killedAt("commit-prepared"), func() { e.Commit(nil, false, Caller{}) })
-	require.DirExists(t, filepath.Join(ws, commitStageDir), "a kill leaves the copies")
+	require.DirExists(t, filepath.Join(ws, e.stageDir()), "a kill leaves the copies")
 	e = restartAfterCrash(t, e)
-	require.NoDirExists(t, filepath.Join(ws, commitStageDir))
+	require.NoDirExists(t, filepath.Join(ws, e.stageDir()))
 	require.NoDirExists(t, filepath.Join(ws, "d"), "nothing was committed")
 	res := e.Commit(nil, false, Caller{})
 	require.Empty(t, res.Failed)

@@ -842,6 +842,15 @@ func (e *Engine) statLocked(p string) (*syscall.Stat_t, error) {
 	return e.statLoc(p, l)
 }
 
+// OpenForWriting reports whether a process has p's pending body open for
+// writing (a merge, like a commit, leaves such a file for later).
+func (e *Engine) OpenForWriting(p string) bool {
+	e.rlock()
+	defer e.runlock()
+	m := e.index[p]
+	return m != nil && m.Kind == KindFile && e.writers[m.uino] > 0
+}
+
 // PendingBodyIno returns the inode number of p's pending body (the upper
 // file a staged regular file reads from), 0 when p has none.
 func (e *Engine) PendingBodyIno(p string) uint64 {

@@ -59,6 +59,9 @@ func (e *Engine) Fork(dst string) error {
 		}
 	}
 	for i := len(f.dirs) - 1; i >= 0; i-- {
+		if err := f.dirMode(f.dirs[i]); err != nil {
+			return fmt.Errorf("fork %s: %w", f.dirs[i], err)
+		}
 		if err := f.times(f.dirs[i]); err != nil {
 			return fmt.Errorf("fork %s: %w", f.dirs[i], err)
 		}
@@ -92,12 +95,9 @@ func (f *forkCopy) entry(p string, m *meta) error {
 	dir, name := splitPath(p)
 	switch st.Mode & syscall.S_IFMT {
 	case syscall.S_IFDIR:
-		err = f.dst.withDir(dir, func(dirfd int) error {
-			if err := unix.Mkdirat(dirfd, name, 0o700); err != nil {
-				return err
-			}
-			return unix.Fchmodat(dirfd, name, st.Mode&0o7777, 0)
-		})
+		// 0700 until everything in it is made (its mode, which may
+		// forbid that, comes with its times, last).
+		err = f.dst.withDir(dir, func(dirfd int) error { return unix.Mkdirat(dirfd, name, 0o700) })
 		f.dirs = append(f.dirs, p)
 	case syscall.S_IFREG:
 		if first, ok := f.links[st.Ino]; ok && st.Nlink > 1 {
@@ -188,6 +188,17 @@ func (f *forkCopy) xattrs(p string) error {
 		}
 	}
 	return nil
+}
+
+// dirMode gives the copy of the directory p the upper directory's mode.
+func (f *forkCopy) dirMode(p string) error {
+	st, err := f.e.upper.lstat(p)
+	if err != nil {
+		return err
+	}
+	return f.dst.withParent(p, func(dirfd int, name string) error {
+		return unix.Fchmodat(dirfd, name, st.Mode&0o7777, 0)
+	})
 }
 
 // times gives the copy of p the upper entry's times.

@@ -75,6 +75,9 @@ type MergeIntent struct {
 	Branch string   `json:"branch"`
 	Paths  []string `json:"paths,omitempty"`
 	Force  bool     `json:"force,omitempty"`
+	// Exact: Paths are the paths themselves, not what is below them too
+	// (a journaled intent lists every path it applies).
+	Exact bool `json:"-"`
 }
 
 // NoteMergeBegin makes the intent of a merge durable in the journal.

@@ -88,7 +88,11 @@ func runMerge(ctx context.Context, args []string) error {
 	if len(rest) < 1 {
 		return usagef("merge: give the branch's NAME, then optionally PATHs")
 	}
-	res, err := c.Merge(ctx, control.MergeParams{Name: rest[0], Into: into, Paths: rest[1:], Force: force})
+	paths, err := fromHere(ctx, c, rest[1:])
+	if err != nil {
+		return err
+	}
+	res, err := c.Merge(ctx, control.MergeParams{Name: rest[0], Into: into, Paths: paths, Force: force})
 	if err != nil {
 		return err
 	}

@@ -94,21 +94,28 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 	if err := sandbox.SaveSettings(cfg.state, sandboxSettings(cfg)); err != nil {
 		return err
 	}
-	branches := branch.NewManager(branch.Config{State: cfg.state, Logf: logger.Printf})
-	st, err := openStage(cfg, mode, stageOptions{
+	branches := branch.NewManager(branch.Config{State: cfg.state, Workspace: cfg.workspace, Logf: logger.Printf})
+	// The branches are served by this daemon too, each at its own mount
+	// point, started before the main view mounts; they stop before it.
+	var st *stage
+	defer func() {
+		branches.Close()
+		if st != nil {
+			st.close()
+		}
+	}()
+	st, err = openStage(cfg, mode, stageOptions{
 		branches: branches.Infos,
 		register: func(s *control.Server) { control.RegisterBranches(s, branches) },
+		beforeServe: func(st *stage) {
+			if err := branches.Start(st.view(), &branchHost{cfg: cfg, mode: mode, manager: branches, logger: logger}); err != nil {
+				logger.Printf("branches: %v", err)
+			}
+		},
 	}, logger)
 	if err != nil {
 		return err
 	}
-	defer st.close()
-	// The branches are served by this daemon too, each at its own mount
-	// point; they stop before the main view.
-	if err := branches.Start(st.view(), &branchHost{cfg: cfg, mode: mode, manager: branches, logger: logger}); err != nil {
-		logger.Printf("branches: %v", err)
-	}
-	defer branches.Close()
 	// Logged before the mount is reported ready, so it is there to read.
 	logger.Printf("passthrough of pending bodies: %s", st.mfs.Passthrough())
 	if ready != nil {

@@ -48,6 +48,11 @@ type stageOptions struct {
 	branches func() []control.BranchInfo // for session/initialize
 	// register adds methods to the control server before it serves.
 	register func(*control.Server)
+	// beforeServe runs once the pending set is open and recovered,
+	// before the view is mounted: the main view's branches start there,
+	// so that a merge into it a crash interrupted is finished before any
+	// process can see or change the view.
+	beforeServe func(*stage)
 }
 
 // openStage opens the pending set in cfg.state, finishes what a crash
@@ -130,6 +135,9 @@ func openStage(cfg *mountConfig, mode overlay.Mode, opts stageOptions, logger *l
 			logger.Printf("%v", err)
 		}
 	}
+	if opts.beforeServe != nil {
+		opts.beforeServe(st)
+	}
 	mfs, err := fusefs.Mount(cfg.mountpoint, eng, fusefs.Options{
 		Timeout:       cfg.timeout,
 		Debug:         cfg.debug,
@@ -183,15 +191,25 @@ func (st *stage) close() {
 // view is what package branch needs of the stage.
 func (st *stage) view() branch.View {
 	return branch.View{
-		Engine:          st.eng,
-		Snapshots:       st.snaps,
-		StateDir:        st.cfg.state,
-		Mount:           st.cfg.mountpoint,
-		Socket:          socketPath(st.cfg.state),
-		Close:           st.close,
-		Invalidate:      st.mfs.Invalidate,
-		InUse:           func() bool { return sandbox.ScratchInUse(st.cfg.state) },
-		Unmount:         st.mfs.Server().Unmount,
+		Engine:    st.eng,
+		Snapshots: st.snaps,
+		StateDir:  st.cfg.state,
+		Mount:     st.cfg.mountpoint,
+		Socket:    socketPath(st.cfg.state),
+		Close:     st.close,
+		// Read when called: the main view's is made before it mounts.
+		Invalidate: func(paths []string) {
+			if st.mfs != nil {
+				st.mfs.Invalidate(paths)
+			}
+		},
+		InUse: func() bool { return sandbox.ScratchInUse(st.cfg.state) },
+		Unmount: func() error {
+			if st.mfs == nil {
+				return nil
+			}
+			return st.mfs.Server().Unmount()
+		},
 		UnfinishedMerge: st.merge,
 	}
 }
