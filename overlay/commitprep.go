@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 	"golang.org/x/sys/unix"
@@ -41,7 +42,17 @@ type preparedCopy struct {
 type commitStage struct {
 	fd     int // the stage directory (-1: none)
 	copies map[string]preparedCopy
+	// start is when the copying began: a file whose ctime is not well
+	// before it may have been written again in the same clock tick as
+	// its copy was made (file systems without fine-grained ctimes), which
+	// its stat cannot show; such a file is written under the lock.
+	start time.Time
 }
+
+// racyWindow is how far before the copying began a file's ctime must be
+// for its copy to be trusted (git's "racily clean" rule; a coarse ctime
+// ticks every 4 ms at 250 Hz).
+const racyWindow = 10 * time.Millisecond
 
 // prepareCopies copies the regular files a commit of paths would select
 // into the stage directory, outside the engine lock, and makes them
@@ -76,7 +87,7 @@ func (e *Engine) prepareCopies(paths []string) *commitStage {
 		e.logf("commit: stage directory: %v", err)
 		return s
 	}
-	s.fd, s.copies = fd, map[string]preparedCopy{}
+	s.fd, s.copies, s.start = fd, map[string]preparedCopy{}, time.Now()
 	for i, w := range wants {
 		ust, err := e.upper.lstat(w.p)
 		if err != nil || ust.Nlink > 1 || ust.Mode&syscall.S_IFMT != syscall.S_IFREG {
@@ -111,7 +122,8 @@ func (s *commitStage) claim(p string, ust *syscall.Stat_t) (string, bool) {
 		return "", false
 	}
 	delete(s.copies, p)
-	return c.name, sameVersion(&c.st, ust)
+	settled := time.Unix(c.st.Ctim.Unix()).Before(s.start.Add(-racyWindow))
+	return c.name, settled && sameVersion(&c.st, ust)
 }
 
 // sameVersion reports whether a and b, two stats of one pending path, show
