@@ -51,8 +51,12 @@ type FS struct {
 	heldMu          sync.Mutex
 	held            map[*heldWriter]bool // write-opens that are or may become passthrough handles
 	kept            keptListings         // listings read part way (dirs.go)
-	stale           staleOpens           // callers whose open lost a race (orphan.go)
-	pageSettle      time.Duration        // see keepPages
+	// mountpoint is where the file system is mounted; ownMount says the
+	// daemon mounted it itself (mount.go).
+	mountpoint string
+	ownMount   bool
+	stale      staleOpens    // callers whose open lost a race (orphan.go)
+	pageSettle time.Duration // see keepPages
 }
 
 // Mount mounts eng at mountpoint and returns once the kernel serves it.
@@ -88,9 +92,11 @@ func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
 		AllowOther:    os.Geteuid() == 0,
 		FsName:        opts.Name,
 		Name:          "stagefs",
-		DirectMount:   os.Geteuid() == 0,
 		Debug:         opts.Debug,
 		MaxBackground: 64,
+		// go-fuse's default, set here: mountDevice passes it to the
+		// kernel as max_read.
+		MaxWrite: 128 << 10,
 		// Reads answer with bytes (ReadResultData), which go-fuse would
 		// still first try to splice: a pipe taken, grown, written and
 		// drained for nothing, four system calls on every READ.
@@ -107,10 +113,25 @@ func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
 		// Ownership comes from the engine; nothing is invented.
 		NullPermissions: true,
 	})
-	server, err := fuse.NewServer(newOpenlessDirs(raw), mountpoint, &mo)
+	target := mountpoint
+	if os.Geteuid() == 0 {
+		fd, err := mountDevice(mountpoint, &mo) // mount.go
+		if err != nil {
+			if sys.watch != nil {
+				sys.watch.file.Close()
+			}
+			return nil, err
+		}
+		target, sys.ownMount = fmt.Sprintf("/dev/fd/%d", fd), true
+	}
+	sys.mountpoint = mountpoint
+	server, err := fuse.NewServer(newOpenlessDirs(raw), target, &mo)
 	if err == nil {
 		go server.Serve()
 		err = server.WaitMount()
+	}
+	if err != nil && sys.ownMount {
+		syscall.Unmount(mountpoint, syscall.MNT_DETACH)
 	}
 	if err != nil {
 		if sys.watch != nil {
@@ -166,9 +187,6 @@ func (sys *FS) Passthrough() string {
 	}
 	return "off (" + sys.passthroughNote + ")"
 }
-
-// Server is the go-fuse server (Wait, Unmount).
-func (sys *FS) Server() *fuse.Server { return sys.server }
 
 // Invalidate drops the kernel's cached names, attributes and pages of the
 // given paths, after commit or discard changed what they show, and returns

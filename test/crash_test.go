@@ -1203,13 +1203,10 @@ func crashBranch(c *crashRun) {
 		name := fmt.Sprintf("g%d", g)
 		what := fmt.Sprintf("generation %d", g)
 		main := snapshot(t, m.in("c"))
-		// Killed while it forks: off for now. go-fuse checks a new mount
-		// by opening and closing a file in it from the daemon (its poll
-		// hack); a SIGKILL landing in that close leaves a thread waiting
-		// forever for its own daemon's answer, and the branch's mount
-		// hung (found here; docs/limits.md). Mounting through /dev/fd/N
-		// skips the hack; until the daemon does, this waits.
-		if forkKills := false; forkKills && g%2 == 1 {
+		// Killed while it forks. (This found a daemon killed while it
+		// mounted the new branch left hung by go-fuse's check of a new
+		// mount; the daemon now mounts without it, fusefs/mount.go.)
+		if g%2 == 1 {
 			ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 			fork := startBG(t, "fork", exec.CommandContext(ctx, stagefsBin, "branch", name, "-m", m.mnt), nil)
 			time.Sleep(c.randDur(0, forkEst*5/4))

@@ -130,7 +130,7 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 			defer func() { pprof.StopCPUProfile(); f.Close() }()
 		}
 	}
-	serveUntilUnmounted(ctx, st.mfs.Server(), cfg, logger)
+	serveUntilUnmounted(ctx, st.mfs, cfg, logger)
 	return nil
 }
 

@@ -154,7 +154,7 @@ func openStage(cfg *mountConfig, mode overlay.Mode, opts stageOptions, logger *l
 		// A branch's mount goes with it; the main view's is gone by now
 		// (its unmount ends the daemon), so this finds nothing to do.
 		if _, ok := isMounted(cfg.mountpoint); ok {
-			unmountFromDaemon(mfs.Server(), cfg.mountpoint, logger)
+			unmountFromDaemon(mfs, cfg.mountpoint, logger)
 		}
 	})
 	l, err := control.Listen(socketPath(cfg.state))
@@ -208,7 +208,7 @@ func (st *stage) view() branch.View {
 			if st.mfs == nil {
 				return nil
 			}
-			return st.mfs.Server().Unmount()
+			return st.mfs.Unmount()
 		},
 		UnfinishedMerge: st.merge,
 	}
