@@ -69,7 +69,13 @@ func runBranches(ctx context.Context, args []string) error {
 	fmt.Printf("%-20s %-20s %-20s %8s %10s  %s\n", "BRANCH", "PARENT", "FORKED", "PENDING", "BYTES", "MOUNT")
 	for _, b := range res.Branches {
 		forked := time.Unix(0, b.ForkedAt).Format("2006-01-02 15:04:05")
-		fmt.Printf("%-20s %-20s %-20s %8d %10s  %s\n", b.Name, b.Parent, forked, b.Pending, humanBytes(b.PendingBytes), b.Mount)
+		mount := b.Mount
+		if mount == "" {
+			// Registered, but it could not be served at the daemon's
+			// start; its pending set is kept (daemon.log says why).
+			mount = "(not served: see the daemon's log)"
+		}
+		fmt.Printf("%-20s %-20s %-20s %8d %10s  %s\n", b.Name, b.Parent, forked, b.Pending, humanBytes(b.PendingBytes), mount)
 	}
 	return nil
 }
