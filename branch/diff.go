@@ -3,7 +3,9 @@ package branch
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -114,21 +116,25 @@ func forkSide(bv *View, v version) (side, error) {
 
 // viewSide is what eng's view has at p now.
 func viewSide(eng *overlay.Engine, p string) (side, error) {
-	v, err := viewVersion(eng, p)
+	st, err := eng.Stat(p)
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENOTDIR) {
+		return side{}, nil
+	}
 	if err != nil {
 		return side{}, err
 	}
-	switch v.kind {
-	case "file":
+	switch st.Mode & syscall.S_IFMT {
+	case syscall.S_IFREG:
 		f, err := eng.Open(p, unix.O_RDONLY, overlay.Caller{})
 		if err != nil {
 			return side{}, err
 		}
 		defer eng.Release(p, f, overlay.Caller{})
 		data, err := io.ReadAll(fdio.Reader(f.Fd))
-		return side{data: data, mode: gitMode(v.mode)}, err
-	case "symlink":
-		return side{data: []byte(v.target), mode: 0o120000}, nil
+		return side{data: data, mode: gitMode(st.Mode)}, err
+	case syscall.S_IFLNK:
+		target, err := eng.Readlink(p)
+		return side{data: []byte(target), mode: 0o120000}, err
 	}
 	return side{}, nil
 }

@@ -90,9 +90,31 @@ func NewManager(cfg Config) *Manager {
 	return m
 }
 
-func (m *Manager) dir() string                { return filepath.Join(m.cfg.State, "branches") }
+// The branches' state dirs are MAIN/branches/NAME, beside the registry
+// MAIN/branches/branches.json.
+const (
+	dirName      = "branches"
+	registryName = "branches.json"
+)
+
+func (m *Manager) dir() string { return filepath.Join(m.cfg.State, dirName) }
+
 func (m *Manager) stateOf(name string) string { return filepath.Join(m.dir(), name) }
-func (m *Manager) registryPath() string       { return filepath.Join(m.dir(), "branches.json") }
+
+func (m *Manager) registryPath() string { return filepath.Join(m.dir(), registryName) }
+
+// OfStateDir reports whether state is a branch's state dir, and names the
+// branch and the mount's own state dir.
+func OfStateDir(state string) (name, main string, ok bool) {
+	dir, name := filepath.Split(filepath.Clean(state))
+	if filepath.Base(dir) != dirName {
+		return "", "", false
+	}
+	if _, err := os.Stat(filepath.Join(dir, registryName)); err != nil {
+		return "", "", false
+	}
+	return name, filepath.Dir(filepath.Clean(dir)), true
+}
 
 // Start opens every branch the registry lists, parents first, and removes
 // what a crash left of a branch being made or dropped.

@@ -21,7 +21,7 @@ func openJournaled(t *testing.T, ws, state string) (View, *journal.Journal) {
 	t.Helper()
 	jr, info, err := journal.Open(filepath.Join(state, "journal.log"), journal.Options{NoSync: true})
 	require.NoError(t, err)
-	in, err := overlay.UnfinishedMerge(jr, info.CheckpointSeq)
+	_, in, err := overlay.Unfinished(jr, info.CheckpointSeq)
 	require.NoError(t, err)
 	if in == nil {
 		require.NoError(t, jr.Checkpoint())
@@ -76,34 +76,6 @@ func TestFinishedMergeLeavesNoStaleIntent(t *testing.T) {
 	require.NoError(t, m.Start(main, &engineHost{t: t, ws: ws}))
 	defer func() { m.Close(); main.Close() }()
 	require.Equal(t, "main's own edit\n", read(t, main.Engine, "f"))
-}
-
-// The same, showing the data loss without the assertion on the journal.
-func TestStaleIntentNeverOverwritesTheParent(t *testing.T) {
-	ws, state := t.TempDir(), t.TempDir()
-	ctx := context.Background()
-	main, _ := openJournaled(t, ws, state)
-	m := NewManager(Config{State: state, Logf: t.Logf})
-	require.NoError(t, m.Start(main, &engineHost{t: t, ws: ws}))
-	_, err := m.CreateBranch(ctx, control.BranchParams{Name: "b"})
-	require.NoError(t, err)
-	write(t, m.views["b"].Engine, "f", "branch 1\n")
-	require.NoError(t, main.Engine.NoteMergeBegin(overlay.MergeIntent{Branch: "b", Paths: []string{"f"}}))
-	write(t, main.Engine, "f", "branch 1\n")
-	m.Close()
-	main.Close()
-	main, _ = openJournaled(t, ws, state)
-	m = NewManager(Config{State: state, Logf: t.Logf})
-	require.NoError(t, m.Start(main, &engineHost{t: t, ws: ws}))
-	write(t, main.Engine, "f", "main's own edit\n")
-	write(t, m.views["b"].Engine, "f", "branch 2\n")
-	m.Close()
-	main.Close()
-	main, _ = openJournaled(t, ws, state)
-	m = NewManager(Config{State: state, Logf: t.Logf})
-	require.NoError(t, m.Start(main, &engineHost{t: t, ws: ws}))
-	defer func() { m.Close(); main.Close() }()
-	require.Equal(t, "main's own edit\n", read(t, main.Engine, "f"), "a restart forced the branch's later version over the parent's")
 }
 
 // The intent lists the paths free of conflicts; finishing it must not

@@ -50,22 +50,37 @@ func touches(r Record, paths []string) bool {
 // finish. since may be the journal's checkpoint: none is taken with a
 // commit in flight.
 func UnfinishedCommit(j *journal.Journal, since uint64) ([]string, error) {
-	var pending []string
-	err := j.Scan(since, func(r journal.Record) error {
+	commit, _, err := Unfinished(j, since)
+	return commit, err
+}
+
+// Unfinished reads the journal after since once and returns what a crash
+// left half done: the paths of the last commit begun and not ended, and
+// the intent of the last merge into this pending set begun and not ended
+// (nil when none).
+func Unfinished(j *journal.Journal, since uint64) (commit []string, merge *MergeIntent, err error) {
+	err = j.Scan(since, func(r journal.Record) error {
 		rec, err := DecodeRecord(r.Seq, r.Payload)
 		if err != nil {
 			return nil // not an engine record; nothing to finish
 		}
 		switch rec.Op {
 		case "commit_begin":
-			pending = nil
-			json.Unmarshal([]byte(rec.Detail), &pending)
+			commit = nil
+			json.Unmarshal([]byte(rec.Detail), &commit)
 		case "commit_end":
-			pending = nil
+			commit = nil
+		case "merge_begin":
+			var in MergeIntent
+			if json.Unmarshal([]byte(rec.Detail), &in) == nil {
+				merge = &in
+			}
+		case "merge_end":
+			merge = nil
 		}
 		return nil
 	})
-	return pending, err
+	return commit, merge, err
 }
 
 // MergeIntent is what a merge into this engine's pending set is about to
@@ -89,27 +104,4 @@ func (e *Engine) NoteMergeBegin(in MergeIntent) error {
 // NoteMergeEnd records that the merge begun last has ended.
 func (e *Engine) NoteMergeEnd(summary string) error {
 	return e.record(Record{Op: "merge_end", Detail: summary})
-}
-
-// UnfinishedMerge returns the intent of the last merge the journal shows
-// begun but not ended after since, or nil.
-func UnfinishedMerge(j *journal.Journal, since uint64) (*MergeIntent, error) {
-	var pending *MergeIntent
-	err := j.Scan(since, func(r journal.Record) error {
-		rec, err := DecodeRecord(r.Seq, r.Payload)
-		if err != nil {
-			return nil
-		}
-		switch rec.Op {
-		case "merge_begin":
-			var in MergeIntent
-			if json.Unmarshal([]byte(rec.Detail), &in) == nil {
-				pending = &in
-			}
-		case "merge_end":
-			pending = nil
-		}
-		return nil
-	})
-	return pending, err
 }

@@ -119,15 +119,9 @@ func runMerge(ctx context.Context, args []string) error {
 		if len(res.Merged)+len(res.Conflicts)+len(res.Failed) == 0 {
 			fmt.Printf("nothing to merge: %s changed nothing since its fork point\n", rest[0])
 		}
-		if len(res.Conflicts) > 0 {
-			fmt.Printf("%d conflict(s) stay in the branch; stagefs merge %s --force takes the branch's versions\n", len(res.Conflicts), rest[0])
-		}
 	}
-	if len(res.Conflicts) > 0 {
-		return &exitStatus{code: exitConflict}
-	}
-	if len(res.Failed) > 0 {
-		return &exitStatus{code: exitError}
+	if n := len(res.Conflicts) + len(res.Failed); n > 0 {
+		return &conflictError{fmt.Sprintf("%d path(s) not merged; they stay in the branch (stagefs merge %s --force takes the branch's versions of conflicts)", n, rest[0])}
 	}
 	return nil
 }

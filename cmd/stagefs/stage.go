@@ -88,13 +88,11 @@ func openStage(cfg *mountConfig, mode overlay.Mode, opts stageOptions, logger *l
 	if info.TornBytes > 0 {
 		logger.Printf("journal: cut a torn tail of %d bytes (kept in %s)", info.TornBytes, info.BrokenCopy)
 	}
-	unfinished, err := overlay.UnfinishedCommit(jr, info.CheckpointSeq)
+	unfinished, merge, err := overlay.Unfinished(jr, info.CheckpointSeq)
 	if err != nil {
 		return nil, fmt.Errorf("journal: %w", err)
 	}
-	if st.merge, err = overlay.UnfinishedMerge(jr, info.CheckpointSeq); err != nil {
-		return nil, fmt.Errorf("journal: %w", err)
-	}
+	st.merge = merge
 	snaps, err := snapshot.Open(filepath.Join(cfg.state, "snapshots"), snapshot.Options{ByteCap: cfg.snapshotCap, Lazy: overlay.ToolCallScope, Workspace: cfg.workspace})
 	if err != nil {
 		return nil, fmt.Errorf("snapshots: %w", err)

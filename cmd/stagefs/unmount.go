@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"stagefs/branch"
 )
 
 func runUnmount(ctx context.Context, args []string) error {
@@ -37,7 +39,7 @@ func runUnmount(ctx context.Context, args []string) error {
 	if !strings.HasPrefix(m.source, stagefsSourcePrefix) {
 		return fmt.Errorf("%s is not a stagefs mount (%s)", mp, m.fstype)
 	}
-	if name, main, ok := branchOfState(strings.TrimPrefix(m.source, stagefsSourcePrefix)); ok {
+	if name, main, ok := branch.OfStateDir(strings.TrimPrefix(m.source, stagefsSourcePrefix)); ok {
 		return fmt.Errorf("%s is branch %s of a mount: it goes with `stagefs branch --drop %s` (pending changes and all), or stays until the mount itself is unmounted (its state dir: %s)", mp, name, name, main)
 	}
 	if err := unmountPath(mp, lazy); err != nil {
@@ -58,19 +60,6 @@ func runUnmount(ctx context.Context, args []string) error {
 	}
 	fmt.Printf("unmounted %s; the pending set is kept in %s\n", mp, state)
 	return nil
-}
-
-// branchOfState reports whether the state dir state is a branch's
-// (MAIN/branches/NAME, package branch), and names the branch and MAIN.
-func branchOfState(state string) (name, main string, ok bool) {
-	dir, name := filepath.Split(filepath.Clean(state))
-	if filepath.Base(dir) != "branches" {
-		return "", "", false
-	}
-	if _, err := os.Stat(filepath.Join(dir, "branches.json")); err != nil {
-		return "", "", false
-	}
-	return name, filepath.Dir(filepath.Clean(dir)), true
 }
 
 func unmountPath(mp string, lazy bool) error {
