@@ -14,6 +14,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"stagefs/fuseuring"
 	"stagefs/overlay"
 )
 
@@ -29,6 +30,11 @@ type Options struct {
 	// NoPassthrough keeps all file I/O in the daemon even where the
 	// kernel could pass pending bodies through (see passthrough.go).
 	NoPassthrough bool
+	// URing carries requests over io_uring where the kernel can (root,
+	// Linux 6.14+; see uring.go and package fuseuring); URingPerQueue is
+	// how many ring entries serve each CPU's queue (0: 4).
+	URing         bool
+	URingPerQueue int
 	// Logf reports what an operator should know (nil: nothing).
 	Logf func(format string, args ...any)
 }
@@ -55,7 +61,11 @@ type FS struct {
 	// daemon mounted it itself (mount.go).
 	mountpoint string
 	ownMount   bool
-	stale      staleOpens    // callers whose open lost a race (orphan.go)
+	stale      staleOpens // callers whose open lost a race (orphan.go)
+	// ring serves requests over io_uring (uring.go); ringNote says why
+	// not when it was asked for.
+	ring       *fuseuring.Transport
+	ringNote   string
 	pageSettle time.Duration // see keepPages
 }
 
@@ -113,16 +123,27 @@ func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
 		// Ownership comes from the engine; nothing is invented.
 		NullPermissions: true,
 	})
-	target := mountpoint
+	var ring *fuseuring.Transport
+	if opts.URing {
+		perQueue := opts.URingPerQueue
+		if perQueue == 0 {
+			perQueue = 4
+		}
+		ring, sys.ringNote = prepareRing(&mo, perQueue, sys.logf)
+	}
+	target, devFD := mountpoint, -1
 	if os.Geteuid() == 0 {
 		fd, err := mountDevice(mountpoint, &mo) // mount.go
 		if err != nil {
 			if sys.watch != nil {
 				sys.watch.file.Close()
 			}
+			if ring != nil {
+				ring.Abandon()
+			}
 			return nil, err
 		}
-		target, sys.ownMount = fmt.Sprintf("/dev/fd/%d", fd), true
+		target, sys.ownMount, devFD = fmt.Sprintf("/dev/fd/%d", fd), true, fd
 	}
 	sys.mountpoint = mountpoint
 	server, err := fuse.NewServer(newOpenlessDirs(raw), target, &mo)
@@ -137,9 +158,15 @@ func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
 		if sys.watch != nil {
 			sys.watch.file.Close()
 		}
+		if ring != nil {
+			ring.Abandon()
+		}
 		return nil, err
 	}
 	sys.server = server
+	if ring != nil {
+		sys.ringNote = sys.startRing(ring, devFD)
+	}
 	sys.watch.start()
 	go func() {
 		server.Wait()

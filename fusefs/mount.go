@@ -55,7 +55,9 @@ func mountDevice(mountpoint string, mo *fuse.MountOptions) (int, error) {
 // and returns once the daemon has stopped serving it.
 func (sys *FS) Unmount() error {
 	if !sys.ownMount {
-		return sys.server.Unmount()
+		err := sys.server.Unmount()
+		sys.waitRing()
+		return err
 	}
 	var err error
 	delay := time.Duration(0)
@@ -69,10 +71,21 @@ func (sys *FS) Unmount() error {
 	if err != nil && err != syscall.EINVAL {
 		return err
 	}
-	sys.server.Wait()
+	sys.Wait()
 	return nil
 }
 
 // Wait returns once the daemon has stopped serving the file system: it
 // was unmounted, here or from outside.
-func (sys *FS) Wait() { sys.server.Wait() }
+func (sys *FS) Wait() {
+	sys.server.Wait()
+	sys.waitRing()
+}
+
+// waitRing returns once the io_uring entries have stopped: the kernel
+// ends them when the connection ends.
+func (sys *FS) waitRing() {
+	if sys.ring != nil {
+		sys.ring.Wait()
+	}
+}

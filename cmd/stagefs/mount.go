@@ -32,6 +32,20 @@ import (
 // commit. --journal-sync 0 makes every record durable before its answer.
 const defaultJournalSync = 100 * time.Millisecond
 
+// The FUSE transports (--fuse-transport). STAGEFS_FUSE_TRANSPORT sets the
+// default, so a whole test suite or bench can run over either.
+const (
+	transportDev   = "dev"
+	transportURing = "io_uring"
+)
+
+func defaultTransport() string {
+	if t := os.Getenv("STAGEFS_FUSE_TRANSPORT"); t != "" {
+		return t
+	}
+	return transportDev
+}
+
 // daemonCommand is the hidden subcommand the background daemon runs as.
 const daemonCommand = "__daemon"
 
@@ -41,6 +55,7 @@ type mountConfig struct {
 	mode                         string
 	foreground, debug            bool
 	noPassthrough                bool
+	transport                    string
 	readyFd                      int
 	timeout                      time.Duration
 	snapshotCap                  int64
@@ -75,6 +90,7 @@ func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
 	fs.StringArrayVar(&cfg.deny, "deny", nil, "glob of paths that are read-only through the mount (repeatable)")
 	fs.StringArrayVar(&cfg.hide, "hide", nil, "glob of paths that are invisible through the mount (repeatable)")
 	fs.BoolVar(&cfg.noPassthrough, "no-passthrough", false, "keep all file I/O in the daemon (by default, as root on Linux 6.9+, the kernel reads and writes pending bodies directly)")
+	fs.StringVar(&cfg.transport, "fuse-transport", defaultTransport(), "how the kernel's requests reach the daemon: dev (read and write on /dev/fuse) or io_uring (Linux 6.14+, root; the daemon turns the kernel's enable_uring on for its mount; falls back to dev where it cannot)")
 	fs.DurationVar(&cfg.journalSync, "journal-sync", defaultJournalSync, "how long a staging operation's journal record may wait to be durable: it is written before the operation is answered, and made durable by the next fsync in the mount or within this time; 0: durable before each operation is answered (docs/guarantees.md)")
 	fs.Int64Var(&cfg.snapshotCap, "snapshot-cap", 1<<30, "bytes of snapshot pre-images kept; the oldest closed snapshots are evicted past it")
 	fs.StringVar(&cfg.outside, "outside", sandbox.OutsideReadOnly, "what stagefs run and the agent commands may write outside the workspace: ro (nothing: $HOME gets a scratch layer, /tmp is private; docs/sandbox-writes.md) or rw (all the caller may)")
@@ -182,6 +198,9 @@ func (cfg *mountConfig) resolve(workspace, mountpoint string) error {
 	}
 	if cfg.journalSync < 0 || cfg.journalSync > time.Minute {
 		return usagef("--journal-sync must be between 0 and 1m, not %v", cfg.journalSync)
+	}
+	if cfg.transport != transportDev && cfg.transport != transportURing {
+		return usagef("--fuse-transport must be %s or %s, not %q", transportDev, transportURing, cfg.transport)
 	}
 	if cfg.captureFailure != "allow" && cfg.captureFailure != "deny" {
 		return usagef("--capture-failure must be allow or deny, not %q", cfg.captureFailure)
@@ -351,6 +370,7 @@ func startBackground(cfg *mountConfig) error {
 	if cfg.noPassthrough {
 		dargs = append(dargs, "--no-passthrough")
 	}
+	dargs = append(dargs, "--fuse-transport", cfg.transport)
 	dargs = append(dargs, cfg.workspace, cfg.mountpoint)
 	cmd := exec.Command(exe, dargs...)
 	cmd.Dir = "/" // never inside the mount

@@ -118,6 +118,7 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 	}
 	// Logged before the mount is reported ready, so it is there to read.
 	logger.Printf("passthrough of pending bodies: %s", st.mfs.Passthrough())
+	logger.Printf("FUSE transport: %s", st.mfs.Transport())
 	if ready != nil {
 		reportReady(ready, st.rec, st.b, st.snaps)
 	}
@@ -131,6 +132,7 @@ func serve(ctx context.Context, cfg *mountConfig, ready *os.File) error {
 		}
 	}
 	serveUntilUnmounted(ctx, st.mfs, cfg, logger)
+	logger.Printf("FUSE transport at unmount: %s", st.mfs.Transport())
 	return nil
 }
 

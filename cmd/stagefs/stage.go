@@ -140,6 +140,7 @@ func openStage(cfg *mountConfig, mode overlay.Mode, opts stageOptions, logger *l
 		Timeout:       cfg.timeout,
 		Debug:         cfg.debug,
 		NoPassthrough: cfg.noPassthrough,
+		URing:         cfg.transport == transportURing,
 		Name:          stagefsSourcePrefix + cfg.state,
 		Logf:          logger.Printf,
 	})

@@ -1,0 +1,324 @@
+package fuseuring
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+)
+
+// The FUSE side (include/uapi/linux/fuse.h, fs/fuse/dev_uring.c).
+const (
+	cmdRegister       = 1 // FUSE_IO_URING_CMD_REGISTER
+	cmdCommitAndFetch = 2 // FUSE_IO_URING_CMD_COMMIT_AND_FETCH
+
+	// struct fuse_uring_req_header: the in or out header, the operation's
+	// own header (in only), then struct fuse_uring_ent_in_out.
+	headerInOut     = 0
+	headerOpIn      = 128
+	headerOpInSize  = 128
+	headerEntInOut  = 256
+	headerSize      = 288
+	entCommitID     = headerEntInOut + 8
+	entPayloadSize  = headerEntInOut + 16
+	inHeaderSize    = 40 // struct fuse_in_header
+	outHeaderSize   = 16 // struct fuse_out_header
+	iovecsAt        = 512
+	cmdReqCommitID  = sqeOffsetCmd + 8 // struct fuse_uring_cmd_req in the submission
+	cmdReqQueue     = sqeOffsetCmd + 16
+	minPayload      = 8192 // FUSE_MIN_READ_BUFFER
+	enableParameter = "/sys/module/fuse/parameters/enable_uring"
+)
+
+// Handler answers one FUSE request: in holds the request's bytes (the in
+// header, the operation's header, the rest), out the space for the answer
+// (the out header, then everything after it). It returns the number of
+// bytes written to out, or an errno if it could not answer at all.
+// go-fuse's ProtocolServer.HandleRequest has this shape.
+//
+// The answer goes into the buffers the request came in: a handler must
+// have read what it needs of in before it writes a byte of out past the
+// out header. go-fuse does (it reads a request whole before it answers,
+// and copies names out before it fills a value in place).
+type Handler func(in, out [][]byte) (n int, errno syscall.Errno)
+
+// Options size a Transport.
+type Options struct {
+	// PerQueue is the number of entries, each with its thread, on each
+	// of the kernel's queues (one per possible CPU): how many requests
+	// from one CPU can be answered at once.
+	PerQueue int
+	// MaxWrite is the mount's max_write; the payload buffers are sized
+	// from it as the kernel sizes its own.
+	MaxWrite int
+	// Logf reports an entry that stopped for a reason other than the
+	// end of the mount.
+	Logf func(format string, args ...any)
+}
+
+// Transport is the set of ring entries serving one FUSE connection.
+type Transport struct {
+	entries []*entry
+	logf    func(format string, args ...any)
+	served  atomic.Uint64
+	wg      sync.WaitGroup
+}
+
+// start is what an entry's thread is told once the mount exists: serve
+// fd with handler, or (fd < 0) give up.
+type start struct {
+	fd      int
+	handler Handler
+}
+
+type entry struct {
+	t       *Transport
+	queue   uint16
+	ring    *ring
+	mem     []byte // header, iovecs, payload
+	header  []byte
+	payload []byte
+	start   chan start
+}
+
+// Enabled reports whether the kernel offers FUSE over io_uring to new
+// mounts now.
+func Enabled() bool {
+	b, err := os.ReadFile(enableParameter)
+	return err == nil && strings.TrimSpace(string(b)) == "Y"
+}
+
+// Enable turns the kernel's offer on (root only). It stays on: it only
+// lets a daemon ask for io_uring in FUSE_INIT, and turning it off again
+// after our INIT would race with the next mount's (a branch's, another
+// daemon's), which would then quietly get /dev/fuse.
+func Enable() error {
+	if Enabled() {
+		return nil
+	}
+	if err := os.WriteFile(enableParameter, []byte("1"), 0); err != nil {
+		return fmt.Errorf("turning on FUSE over io_uring (%s): %w", enableParameter, err)
+	}
+	return nil
+}
+
+// possibleCPUs is the number of queues the kernel makes: one per possible
+// CPU (num_possible_cpus), which may be more than are online.
+func possibleCPUs() (int, error) {
+	list, err := os.ReadFile("/sys/devices/system/cpu/possible")
+	if err != nil {
+		return 0, err
+	}
+	return countCPUs(strings.TrimSpace(string(list)))
+}
+
+// countCPUs counts the CPUs in a kernel CPU list such as "0-3,8".
+func countCPUs(list string) (int, error) {
+	n := 0
+	for _, part := range strings.Split(list, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		first, err1 := strconv.Atoi(lo)
+		last, err2 := first, error(nil)
+		if isRange {
+			last, err2 = strconv.Atoi(hi)
+		}
+		if err1 != nil || err2 != nil || first < 0 || last < first {
+			return 0, fmt.Errorf("unreadable CPU list %q", list)
+		}
+		n += last - first + 1
+	}
+	return n, nil
+}
+
+// Prepare makes every entry's thread, ring and buffers, before the mount:
+// once FUSE_INIT has negotiated io_uring, the kernel holds every request
+// until each queue has an entry, so nothing may fail after it but the
+// registration itself (after which the kernel falls back to /dev/fuse).
+func Prepare(opts Options) (*Transport, error) {
+	queues, err := possibleCPUs()
+	if err != nil {
+		return nil, fmt.Errorf("counting the kernel's FUSE queues: %w", err)
+	}
+	if opts.PerQueue < 1 {
+		opts.PerQueue = 1
+	}
+	if opts.Logf == nil {
+		opts.Logf = func(string, ...any) {}
+	}
+	page := os.Getpagesize()
+	// The kernel's max_payload_sz: max(FUSE_MIN_READ_BUFFER, max_write,
+	// max_pages * page size), max_pages being max_write rounded up to
+	// pages. A page more leaves room for an answer's own header before
+	// a full payload.
+	payload := max(minPayload, (opts.MaxWrite+page-1)/page*page) + page
+	t := &Transport{logf: opts.Logf}
+	ready := make(chan error)
+	for q := 0; q < queues; q++ {
+		for i := 0; i < opts.PerQueue; i++ {
+			e := &entry{t: t, queue: uint16(q), start: make(chan start, 1)}
+			t.entries = append(t.entries, e)
+			t.wg.Add(1)
+			go e.run(page, payload, ready)
+		}
+	}
+	var errs []error
+	for range t.entries {
+		if err := <-ready; err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		t.Abandon()
+		return nil, errs[0]
+	}
+	return t, nil
+}
+
+// Start registers every entry with the FUSE connection on fd and serves
+// its requests with h until the connection ends.
+func (t *Transport) Start(fd int, h Handler) {
+	for _, e := range t.entries {
+		e.start <- start{fd: fd, handler: h}
+	}
+}
+
+// Abandon releases the entries without registering them: the kernel did
+// not offer io_uring after all.
+func (t *Transport) Abandon() {
+	for _, e := range t.entries {
+		e.start <- start{fd: -1}
+	}
+	t.wg.Wait()
+}
+
+// Wait returns once every entry has stopped: the connection ended.
+func (t *Transport) Wait() { t.wg.Wait() }
+
+// Served is the number of requests answered through the rings so far.
+func (t *Transport) Served() uint64 { return t.served.Load() }
+
+// Entries is the number of ring entries, all queues together.
+func (t *Transport) Entries() int { return len(t.entries) }
+
+// run is an entry's thread: it makes the entry's ring and buffers, then
+// waits for Start and serves.
+func (e *entry) run(page, payload int, ready chan<- error) {
+	defer e.t.wg.Done()
+	// The ring is single-issuer: this thread made it and is the only one
+	// that may submit to it. The goroutine ends locked, so the thread
+	// ends with it.
+	runtime.LockOSThread()
+	err := e.setUp(page, payload)
+	ready <- err
+	if err != nil {
+		return
+	}
+	defer e.tearDown()
+	s := <-e.start
+	if s.fd < 0 {
+		return
+	}
+	if err := e.serve(s.fd, s.handler); err != nil {
+		e.t.logf("fuse io_uring queue %d: %v", e.queue, err)
+	}
+}
+
+func (e *entry) setUp(page, payload int) error {
+	r, err := newRing()
+	if err != nil {
+		return err
+	}
+	// Off the Go heap: the kernel writes requests into these pages
+	// whenever it likes, and they never move.
+	mem, err := syscall.Mmap(-1, 0, page+payload, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS|syscall.MAP_POPULATE)
+	if err != nil {
+		r.close()
+		return fmt.Errorf("buffers for a FUSE ring entry: %w", err)
+	}
+	e.ring, e.mem = r, mem
+	e.header, e.payload = mem[:headerSize], mem[page:]
+	// The two iovecs a registration points at: header, payload.
+	iov := unsafe.Slice((*syscall.Iovec)(unsafe.Pointer(&mem[iovecsAt])), 2)
+	iov[0].Base, iov[0].Len = &e.header[0], uint64(len(e.header))
+	iov[1].Base, iov[1].Len = &e.payload[0], uint64(len(e.payload))
+	return nil
+}
+
+func (e *entry) tearDown() {
+	e.ring.close()
+	syscall.Munmap(e.mem)
+}
+
+// serve registers the entry, then answers a request and fetches the next
+// one in one submission, until the connection ends.
+func (e *entry) serve(fd int, h Handler) error {
+	sqe := e.ring.prepare()
+	uringCmd(sqe, fd, cmdRegister, 0)
+	binary.LittleEndian.PutUint64(sqe[sqeOffsetAddr:], uint64(uintptr(unsafe.Pointer(&e.mem[iovecsAt]))))
+	binary.LittleEndian.PutUint32(sqe[sqeOffsetLen:], 2)
+	binary.LittleEndian.PutUint16(sqe[cmdReqQueue:], e.queue)
+	e.ring.push()
+	for {
+		_, res, err := e.ring.wait()
+		if err != nil {
+			return err
+		}
+		if res < 0 {
+			switch errno := syscall.Errno(-res); errno {
+			case syscall.ENOTCONN, syscall.ECONNABORTED, syscall.ECANCELED, syscall.ENODEV:
+				return nil // unmounted, aborted or the daemon is going away
+			default:
+				return fmt.Errorf("fetching a request: %w", errno)
+			}
+		}
+		commitID := e.answer(h)
+		e.t.served.Add(1)
+		sqe := e.ring.prepare()
+		uringCmd(sqe, fd, cmdCommitAndFetch, 0)
+		binary.LittleEndian.PutUint64(sqe[cmdReqCommitID:], commitID)
+		binary.LittleEndian.PutUint16(sqe[cmdReqQueue:], e.queue)
+		e.ring.push()
+	}
+}
+
+// answer hands the request in the entry's buffers to h and leaves the
+// answer in them; it returns the request's commit id.
+func (e *entry) answer(h Handler) uint64 {
+	hdr := e.header
+	commitID := binary.LittleEndian.Uint64(hdr[entCommitID:])
+	unique := binary.LittleEndian.Uint64(hdr[headerInOut+8:])
+	length := int(binary.LittleEndian.Uint32(hdr[headerInOut:]))
+	payloadSize := int(binary.LittleEndian.Uint32(hdr[entPayloadSize:]))
+	// The kernel does not say how long the operation's header is: it is
+	// what the request's length leaves over.
+	opSize := length - inHeaderSize - payloadSize
+	n, errno := 0, syscall.EIO
+	if opSize >= 0 && opSize <= headerOpInSize && payloadSize <= len(e.payload) {
+		in := [][]byte{hdr[headerInOut : headerInOut+inHeaderSize], hdr[headerOpIn : headerOpIn+opSize], e.payload[:payloadSize]}
+		out := [][]byte{hdr[headerInOut : headerInOut+outHeaderSize], e.payload}
+		n, errno = h(in, out)
+	}
+	if errno != 0 || n < outHeaderSize {
+		// No answer (a malformed request, or one go-fuse drops because
+		// the connection is dying): the entry must still go back.
+		if errno == 0 {
+			errno = syscall.EIO
+		}
+		binary.LittleEndian.PutUint32(hdr[headerInOut:], outHeaderSize)
+		binary.LittleEndian.PutUint32(hdr[headerInOut+4:], uint32(-int32(errno)))
+		binary.LittleEndian.PutUint64(hdr[headerInOut+8:], unique)
+		n = outHeaderSize
+	}
+	binary.LittleEndian.PutUint32(hdr[entPayloadSize:], uint32(n-outHeaderSize))
+	return commitID
+}
+
+// ErrNotOffered says the kernel did not offer io_uring in FUSE_INIT.
+var ErrNotOffered = errors.New("the kernel did not offer FUSE over io_uring (enable_uring is off, or Linux before 6.14)")
