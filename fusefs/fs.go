@@ -32,7 +32,8 @@ type Options struct {
 	NoPassthrough bool
 	// URing carries requests over io_uring where the kernel can (root,
 	// Linux 6.14+; see uring.go and package fuseuring); URingPerQueue is
-	// how many ring entries serve each CPU's queue (0: 4).
+	// how many ring entries serve each CPU's queue (0: 4, fewer on
+	// machines with many CPUs).
 	URing         bool
 	URingPerQueue int
 	// Logf reports what an operator should know (nil: nothing).
@@ -125,11 +126,7 @@ func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
 	})
 	var ring *fuseuring.Transport
 	if opts.URing {
-		perQueue := opts.URingPerQueue
-		if perQueue == 0 {
-			perQueue = 4
-		}
-		ring, sys.ringNote = prepareRing(&mo, perQueue, sys.logf)
+		ring, sys.ringNote = prepareRing(&mo, opts.URingPerQueue, sys.logf)
 	}
 	target, devFD := mountpoint, -1
 	if os.Geteuid() == 0 {

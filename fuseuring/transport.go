@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // The FUSE side (include/uapi/linux/fuse.h, fs/fuse/dev_uring.c).
@@ -53,7 +55,8 @@ type Handler func(in, out [][]byte) (n int, errno syscall.Errno)
 type Options struct {
 	// PerQueue is the number of entries, each with its thread, on each
 	// of the kernel's queues (one per possible CPU): how many requests
-	// from one CPU can be answered at once.
+	// from one CPU can be answered at once. 0: 4, and fewer where there
+	// are many CPUs (32 entries in all, at least one per queue).
 	PerQueue int
 	// MaxWrite is the mount's max_write; the payload buffers are sized
 	// from it as the kernel sizes its own.
@@ -147,7 +150,7 @@ func Prepare(opts Options) (*Transport, error) {
 		return nil, fmt.Errorf("counting the kernel's FUSE queues: %w", err)
 	}
 	if opts.PerQueue < 1 {
-		opts.PerQueue = 1
+		opts.PerQueue = max(1, min(4, 32/queues))
 	}
 	if opts.Logf == nil {
 		opts.Logf = func(string, ...any) {}
@@ -215,6 +218,12 @@ func (e *entry) run(page, payload int, ready chan<- error) {
 	// that may submit to it. The goroutine ends locked, so the thread
 	// ends with it.
 	runtime.LockOSThread()
+	// The kernel hands a request to the queue of the CPU its caller runs
+	// on; served from that CPU, it needs no wake-up of another core. Only
+	// a preference: a CPU that is offline leaves the thread unpinned.
+	var cpus unix.CPUSet
+	cpus.Set(int(e.queue))
+	unix.SchedSetaffinity(0, &cpus)
 	err := e.setUp(page, payload)
 	ready <- err
 	if err != nil {

@@ -164,3 +164,28 @@ func TestIOURingDaemonKilledMidRequests(t *testing.T) {
 	m.commit()
 	assertFile(t, m.inWS("pending.txt"), "pending\n")
 }
+
+// TestFUSETransportChoice: io_uring is the default where the kernel has
+// it, --fuse-transport dev keeps /dev/fuse, and anything else is refused.
+func TestFUSETransportChoice(t *testing.T) {
+	parallel(t)
+	requireURing(t)
+	def := mountStagefs(t, withDaemonEnv("STAGEFS_FUSE_TRANSPORT="))
+	if log := def.daemonLog(); !strings.Contains(log, "FUSE transport: io_uring, ") {
+		t.Errorf("the default mount is not served over io_uring:\n%s", log)
+	}
+	dev := mountStagefs(t, withMountFlags("--fuse-transport", "dev"))
+	if log := dev.daemonLog(); !strings.Contains(log, "FUSE transport: /dev/fuse\n") {
+		t.Errorf("--fuse-transport dev is not served over /dev/fuse:\n%s", log)
+	}
+	for _, m := range []*stagefsMount{def, dev} {
+		sh(t, m.mnt, "echo x > new.txt && mkdir d && mv new.txt d/ && cat d/new.txt >/dev/null")
+		if st := m.status(); len(st.Entries) != 2 {
+			t.Errorf("%s: %d pending entries, want d and d/new.txt: %+v", m.mnt, len(st.Entries), st.Entries)
+		}
+	}
+	r := runStagefs(t, "mount", dev.ws, filepath.Join(dev.base, "other"), "--fuse-transport", "pipes")
+	if r.code != 2 || !strings.Contains(r.stderr, "--fuse-transport must be dev or io_uring") {
+		t.Errorf("mount --fuse-transport pipes: %s", r)
+	}
+}

@@ -32,8 +32,11 @@ import (
 // commit. --journal-sync 0 makes every record durable before its answer.
 const defaultJournalSync = 100 * time.Millisecond
 
-// The FUSE transports (--fuse-transport). STAGEFS_FUSE_TRANSPORT sets the
-// default, so a whole test suite or bench can run over either.
+// The FUSE transports (--fuse-transport). io_uring where the kernel and the
+// daemon's rights allow (it answers a create, an unlink or a lookup in
+// half the time, docs/performance.md), else /dev/fuse, which it falls back
+// to by itself. STAGEFS_FUSE_TRANSPORT sets the default, so a whole test
+// suite or bench can run over either.
 const (
 	transportDev   = "dev"
 	transportURing = "io_uring"
@@ -43,7 +46,7 @@ func defaultTransport() string {
 	if t := os.Getenv("STAGEFS_FUSE_TRANSPORT"); t != "" {
 		return t
 	}
-	return transportDev
+	return transportURing
 }
 
 // daemonCommand is the hidden subcommand the background daemon runs as.
@@ -90,7 +93,7 @@ func mountFlags(name string, cfg *mountConfig) *pflag.FlagSet {
 	fs.StringArrayVar(&cfg.deny, "deny", nil, "glob of paths that are read-only through the mount (repeatable)")
 	fs.StringArrayVar(&cfg.hide, "hide", nil, "glob of paths that are invisible through the mount (repeatable)")
 	fs.BoolVar(&cfg.noPassthrough, "no-passthrough", false, "keep all file I/O in the daemon (by default, as root on Linux 6.9+, the kernel reads and writes pending bodies directly)")
-	fs.StringVar(&cfg.transport, "fuse-transport", defaultTransport(), "how the kernel's requests reach the daemon: dev (read and write on /dev/fuse) or io_uring (Linux 6.14+, root; the daemon turns the kernel's enable_uring on for its mount; falls back to dev where it cannot)")
+	fs.StringVar(&cfg.transport, "fuse-transport", defaultTransport(), "how the kernel's requests reach the daemon: io_uring (Linux 6.14+, as root; the daemon sets the kernel's enable_uring parameter; falls back to dev where it cannot, saying why in daemon.log) or dev (read and write on /dev/fuse)")
 	fs.DurationVar(&cfg.journalSync, "journal-sync", defaultJournalSync, "how long a staging operation's journal record may wait to be durable: it is written before the operation is answered, and made durable by the next fsync in the mount or within this time; 0: durable before each operation is answered (docs/guarantees.md)")
 	fs.Int64Var(&cfg.snapshotCap, "snapshot-cap", 1<<30, "bytes of snapshot pre-images kept; the oldest closed snapshots are evicted past it")
 	fs.StringVar(&cfg.outside, "outside", sandbox.OutsideReadOnly, "what stagefs run and the agent commands may write outside the workspace: ro (nothing: $HOME gets a scratch layer, /tmp is private; docs/sandbox-writes.md) or rw (all the caller may)")
