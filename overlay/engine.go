@@ -413,8 +413,12 @@ func (e *Engine) checkXattrs() error {
 }
 
 func (e *Engine) tmpName() string {
-	return fmt.Sprintf("t%d.%d", os.Getpid(), e.tmpSeq.Add(1))
+	return fmt.Sprintf("t%d.%d", selfPid, e.tmpSeq.Add(1))
 }
+
+// selfPid names the daemon's temporary files (asked once: a getpid per
+// new file showed in every unlink's system calls).
+var selfPid = os.Getpid()
 
 // loadIndex walks the upper tree below dir and fills the index.
 func (e *Engine) loadIndex(dir string) error {

@@ -995,6 +995,18 @@ func (e *Engine) unlinkLocked(p string, c Caller) error {
 	if err != nil {
 		return err
 	}
+	if l.m == nil && l.hasBase {
+		// Only the workspace has p (rm -rf of a workspace tree): one
+		// lstat serves both the check and the whiteout's baseline.
+		bst, err := e.base.lstat(l.basePath)
+		if err != nil {
+			return err
+		}
+		if bst.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+			return syscall.EISDIR
+		}
+		return e.whiteoutAt(p, baselineOf(bst), c)
+	}
 	st, err := e.statLoc(p, l)
 	if err != nil {
 		return err

@@ -189,3 +189,30 @@ func TestFUSETransportChoice(t *testing.T) {
 		t.Errorf("mount --fuse-transport pipes: %s", r)
 	}
 }
+
+// TestFUSETransportFallsBack turns io_uring off for the whole machine
+// (kernel.io_uring_disabled=2) while a mount is made: the daemon must
+// serve over /dev/fuse and say why. Not parallel: the setting is global,
+// and it is put back before the parallel tests run.
+func TestFUSETransportFallsBack(t *testing.T) {
+	requireURing(t)
+	const knob = "/proc/sys/kernel/io_uring_disabled"
+	old, err := os.ReadFile(knob)
+	if err != nil {
+		t.Skipf("no %s: %v", knob, err)
+	}
+	if err := os.WriteFile(knob, []byte("2"), 0); err != nil {
+		t.Skipf("cannot turn io_uring off: %v", err)
+	}
+	t.Cleanup(func() { os.WriteFile(knob, old, 0) }) // should the mount fail
+	m := mountStagefs(t, withDaemonEnv("STAGEFS_FUSE_TRANSPORT="))
+	if err := os.WriteFile(knob, old, 0); err != nil {
+		t.Fatalf("putting %s back: %v", knob, err)
+	}
+	if log := m.daemonLog(); !strings.Contains(log, "FUSE transport: /dev/fuse (io_uring: io_uring_setup: operation not permitted") {
+		t.Errorf("with io_uring disabled the daemon did not fall back to /dev/fuse and say why:\n%s", log)
+	}
+	sh(t, m.mnt, "echo x > new.txt && test \"$(cat new.txt)\" = x")
+	m.commit()
+	assertFile(t, m.inWS("new.txt"), "x\n")
+}
