@@ -101,8 +101,15 @@ func (e *Engine) ensureUpperDir(p string) error {
 // finishUpper gives a new upper entry (open as fd, to be at p) the owner,
 // mode, times and meta it must have.
 func (e *Engine) finishUpper(fd int, p string, st *syscall.Stat_t, m *meta) error {
-	if err := unix.Fchown(fd, int(st.Uid), int(st.Gid)); err != nil && err != unix.EPERM {
+	var ust unix.Stat_t
+	if err := unix.Fstat(fd, &ust); err != nil {
 		return err
+	}
+	m.uino = ust.Ino
+	if ust.Uid != st.Uid || ust.Gid != st.Gid { // (a new file of the daemon's own is not chowned)
+		if err := unix.Fchown(fd, int(st.Uid), int(st.Gid)); err != nil && err != unix.EPERM {
+			return err
+		}
 	}
 	// chown clears set-id bits, so the mode is set after it.
 	if err := unix.Fchmod(fd, st.Mode&0o7777); err != nil {
@@ -112,11 +119,6 @@ func (e *Engine) finishUpper(fd int, p string, st *syscall.Stat_t, m *meta) erro
 	if err := unix.Fsetxattr(fd, metaXattr, m.encode(), 0); err != nil {
 		return err
 	}
-	var ust unix.Stat_t
-	if err := unix.Fstat(fd, &ust); err != nil {
-		return err
-	}
-	m.uino = ust.Ino
 	ts := []unix.Timespec{unix.Timespec(st.Atim), unix.Timespec(st.Mtim)}
 	return unix.UtimesNanoAt(unix.AT_FDCWD, fdPath(fd), ts, 0)
 }
@@ -141,6 +143,12 @@ const (
 // change with changedBy). c is recorded as the process behind the change,
 // for status.
 func (e *Engine) copyUp(p string, l loc, why copyFor, c Caller) (*meta, error) {
+	return e.copyUpFrom(p, l, nil, why, c)
+}
+
+// copyUpFrom is copyUp for a caller that has the base entry's lstat
+// already (bst; nil: copyUp takes it).
+func (e *Engine) copyUpFrom(p string, l loc, bst *syscall.Stat_t, why copyFor, c Caller) (*meta, error) {
 	if p == "" {
 		// The root is the workspace's own directory: it has no pending
 		// entry to copy up to (see rootSetattrLocked).
@@ -152,9 +160,11 @@ func (e *Engine) copyUp(p string, l loc, why copyFor, c Caller) (*meta, error) {
 		}
 		return l.m, nil
 	}
-	st := e.baseStat(l)
+	st := bst
 	if st == nil {
-		return nil, syscall.ENOENT
+		if st = e.baseStat(l); st == nil {
+			return nil, syscall.ENOENT
+		}
 	}
 	if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
 		if err := e.ensureUpperDir(p); err != nil {
@@ -183,13 +193,14 @@ func (e *Engine) copyUp(p string, l loc, why copyFor, c Caller) (*meta, error) {
 	switch st.Mode & syscall.S_IFMT {
 	case syscall.S_IFREG:
 		m.Kind = KindFile
-		if why != forTruncate {
-			if err := e.copyBody(l.basePath, dst, st.Size); err != nil {
-				return nil, err
-			}
+		if why == forTruncate {
+			// Not even opened: truncating a file keeps only its xattrs.
+			copyXattrs(e.base, l.basePath, dst)
+			break
 		}
-		// Also with noData: truncating a file keeps its xattrs.
-		copyXattrs(e.base, l.basePath, dst)
+		if err := e.copyBody(l.basePath, dst, st.Size); err != nil {
+			return nil, err
+		}
 	case syscall.S_IFLNK:
 		m.Kind = KindSymlink
 		target, err := e.base.readlink(l.basePath)
@@ -225,15 +236,20 @@ func (e *Engine) copyUp(p string, l loc, why copyFor, c Caller) (*meta, error) {
 	return m, nil
 }
 
-// copyBody copies a base file's content into dst, with copy_file_range so
-// filesystems that can share extents (reflink) or copy in the kernel do.
+// copyBody copies a base file's content and xattrs into dst, the content
+// with copy_file_range so filesystems that can share extents (reflink) or
+// copy in the kernel do.
 func (e *Engine) copyBody(basePath string, dst int, size int64) error {
 	src, err := e.base.open(basePath, unix.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(src)
-	return copyFd(src, dst, size)
+	if err := copyFd(src, dst, size); err != nil {
+		return err
+	}
+	eachXattrOf(src, func(name string, val []byte) { unix.Fsetxattr(dst, name, val, 0) })
+	return nil
 }
 
 // copyFd copies src, from its offset to its end, onto dst (fdio.Copy:
@@ -254,13 +270,24 @@ func copyXattrs(l layer, rel string, fd int) {
 // rel (not following a symlink), but stagefs's own. val is only valid
 // during the call.
 func eachXattr(l layer, rel string, fn func(name string, val []byte)) {
+	forEachXattr(func(buf []byte) (int, error) { return l.listxattr(rel, buf) },
+		func(name string, val []byte) (int, error) { return l.getxattr(rel, name, val) }, fn)
+}
+
+// eachXattrOf is eachXattr for an open file.
+func eachXattrOf(fd int, fn func(name string, val []byte)) {
+	forEachXattr(func(buf []byte) (int, error) { return unix.Flistxattr(fd, buf) },
+		func(name string, val []byte) (int, error) { return unix.Fgetxattr(fd, name, val) }, fn)
+}
+
+func forEachXattr(list func(buf []byte) (int, error), get func(name string, val []byte) (int, error), fn func(name string, val []byte)) {
 	// Small buffers first (a commit copies every file): the kernel says
 	// ERANGE when a list or value needs more, up to its 64 KiB limit.
 	buf := make([]byte, 1<<10)
-	n, err := l.listxattr(rel, buf)
+	n, err := list(buf)
 	if errors.Is(err, unix.ERANGE) {
 		buf = make([]byte, 64<<10)
-		n, err = l.listxattr(rel, buf)
+		n, err = list(buf)
 	}
 	if err != nil || n <= 0 {
 		return
@@ -270,10 +297,10 @@ func eachXattr(l layer, rel string, fn func(name string, val []byte)) {
 		if name == "" || strings.HasPrefix(name, xattrPrefix) {
 			continue
 		}
-		vn, err := l.getxattr(rel, name, val)
+		vn, err := get(name, val)
 		if errors.Is(err, unix.ERANGE) {
 			val = make([]byte, 64<<10)
-			vn, err = l.getxattr(rel, name, val)
+			vn, err = get(name, val)
 		}
 		if err != nil {
 			continue

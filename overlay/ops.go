@@ -120,15 +120,24 @@ func (e *Engine) openWriteLocked(p string, flags int, c Caller) (*File, error) {
 		f.Fd, err = e.base.open(p, openFlags(flags), 0)
 		return f, err
 	}
-	if st, err := e.statLoc(p, l); err == nil && st.Mode&syscall.S_IFMT == syscall.S_IFLNK {
-		// Writing would replace the link's target (its upper body).
+	// Writing a symlink would replace its target (its upper body). The
+	// workspace entry's lstat serves the copy-up too.
+	var bst *syscall.Stat_t
+	if l.m == nil {
+		if bst = e.baseStat(l); bst == nil {
+			return nil, syscall.ENOENT
+		}
+		if bst.Mode&syscall.S_IFMT == syscall.S_IFLNK {
+			return nil, syscall.ELOOP
+		}
+	} else if l.m.Kind == KindSymlink && !l.deleted() {
 		return nil, syscall.ELOOP
 	}
 	why := forContent
 	if flags&unix.O_TRUNC != 0 {
 		why = forTruncate
 	}
-	m, err := e.copyUp(p, l, why, c)
+	m, err := e.copyUpFrom(p, l, bst, why, c)
 	if err != nil {
 		return nil, err
 	}
