@@ -134,6 +134,12 @@ func (m *Manager) Merge(ctx context.Context, p control.MergeParams) (control.Mer
 	if err != nil {
 		return control.MergeResult{}, err
 	}
+	if bv := m.views[r.Name]; bv != nil {
+		// As a commit does: a tool's close(2) returns before the kernel
+		// sends the release, and a merge right after it must not find
+		// the file busy.
+		bv.Engine.AwaitReleases()
+	}
 	res, err := m.mergeLocked(r, overlay.MergeIntent{Branch: p.Name, Paths: paths, Force: p.Force})
 	if pv, _ := m.viewLocked(r.Parent); pv != nil && pv.Invalidate != nil && len(res.Merged) > 0 {
 		pv.Invalidate(res.Merged)

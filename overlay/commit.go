@@ -76,7 +76,7 @@ func (e *Engine) Commit(paths []string, force bool, c Caller) CommitResult {
 func (e *Engine) commit(paths []string, force bool, c Caller, recovering bool) CommitResult {
 	e.lockCommit()
 	defer e.unlockCommit()
-	e.awaitReleases()
+	e.AwaitReleases()
 	stage := e.prepareCopies(paths)
 	e.killPoint("commit-prepared")
 	// The change gate is held from the selection to the end, the intent
@@ -1296,9 +1296,10 @@ func (r *commitRun) unprepare(pf preparedFile, err error) {
 // exits would otherwise find files busy that nobody has open any more.
 const releaseGrace = 200 * time.Millisecond
 
-// awaitReleases waits, up to releaseGrace, until no staged file is open
-// for writing. Files held open longer are reported busy by the commit.
-func (e *Engine) awaitReleases() {
+// AwaitReleases waits, up to releaseGrace, until no staged file is open
+// for writing. Files held open longer are reported busy by the commit (or
+// the merge of a branch).
+func (e *Engine) AwaitReleases() {
 	deadline := time.Now().Add(releaseGrace)
 	for {
 		e.rlock()

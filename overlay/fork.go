@@ -39,7 +39,11 @@ func (e *Engine) Fork(dst string) error {
 	if err := unix.Fstat(root, &rst); err != nil {
 		return err
 	}
-	f := &forkCopy{e: e, dst: layer{fd: root}, links: map[uint64]string{}, dirIno: map[string]uint64{"": rst.Ino},
+	// The copy's directories are cached as the upper tree's are: without
+	// it every step of every entry opened its directory from the root.
+	dirs := newDirCache()
+	defer dirs.flush()
+	f := &forkCopy{e: e, dst: layer{fd: root, dirs: dirs}, links: map[uint64]string{}, dirIno: map[string]uint64{"": rst.Ino},
 		names: make([]byte, 64<<10), value: make([]byte, 64<<10)}
 	paths := make([]string, 0, len(e.index))
 	for p := range e.index {

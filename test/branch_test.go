@@ -1,10 +1,12 @@
 package test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -326,4 +328,43 @@ func TestBranchDropWaitsForItsRuns(t *testing.T) {
 		t.Fatalf("the run in the branch: %s", r)
 	}
 	m.mustCLI("branch", "--drop", "busy")
+}
+
+// A merge right after a tool wrote in the branch and exited: close(2)
+// returns before the kernel sends the daemon the file's release, and the
+// merge must wait for it, as a commit does, not report the file busy.
+func TestBranchMergeRightAfterAWrite(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "0\n"}))
+	c, err := control.Dial(m.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := 1; i <= 15; i++ {
+		name := "w" + strconv.Itoa(i)
+		m.mustCLI("branch", name)
+		var list control.ListBranchesResult
+		if err := json.Unmarshal([]byte(m.mustCLI("branches", "--json")), &list); err != nil {
+			t.Fatal(err)
+		}
+		mnt := ""
+		for _, b := range list.Branches {
+			if b.Name == name {
+				mnt = b.Mount
+			}
+		}
+		// Written and closed, then merged at once, as a host that
+		// merges the moment its tool is done.
+		if err := os.WriteFile(filepath.Join(mnt, "f.txt"), []byte(strconv.Itoa(i)+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		res, err := c.Merge(context.Background(), control.MergeParams{Name: name, Force: true})
+		if err != nil || len(res.Failed) > 0 || len(res.Merged) != 1 {
+			t.Fatalf("merge %d right after the write: %v %+v", i, err, res)
+		}
+		m.mustCLI("branch", "--drop", name)
+	}
+	assertFile(t, m.in("f.txt"), "15\n")
+	assertFile(t, m.inWS("f.txt"), "0\n")
 }

@@ -104,7 +104,11 @@ func scratchMount(bin, root, prefix string) (mnt string, c *control.Client, done
 	}
 	return mnt, c, func() {
 		c.Close()
-		exec.Command(bin, "unmount", "--lazy", mnt).Run()
+		// A plain unmount returns once the daemon is gone, so the
+		// state dir can go too; lazily only if something holds it.
+		if exec.Command(bin, "unmount", mnt).Run() != nil {
+			exec.Command(bin, "unmount", "--lazy", mnt).Run()
+		}
 		os.RemoveAll(base)
 	}
 }
