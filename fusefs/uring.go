@@ -47,8 +47,12 @@ func prepareRing(mo *fuse.MountOptions, perQueue int, logf func(string, ...any))
 	if _, err := ringHandler(&fuse.Server{}); err != nil {
 		return nil, err.Error()
 	}
-	if err := fuseuring.Enable(); err != nil {
+	turnedOn, err := fuseuring.Enable()
+	if err != nil {
 		return nil, err.Error()
+	}
+	if turnedOn {
+		logf("turned on the kernel's FUSE over io_uring for every FUSE daemon of this machine (/sys/module/fuse/parameters/enable_uring; --fuse-transport dev does not)")
 	}
 	ring, err := fuseuring.Prepare(fuseuring.Options{PerQueue: perQueue, MaxWrite: mo.MaxWrite, Logf: logf})
 	if err != nil {
@@ -70,18 +74,23 @@ func (sys *FS) startRing(ring *fuseuring.Transport, fd int) string {
 		ring.Abandon()
 		return err.Error()
 	}
-	ring.Start(fd, handler)
+	// Kept even when a registration was refused: the entries the
+	// kernel took stay until the connection ends, and unmount waits
+	// for them.
 	sys.ring = ring
+	if err := ring.Start(fd, handler); err != nil {
+		return err.Error()
+	}
 	return ""
 }
 
 // Transport names the way the kernel's requests reach the daemon, and for
 // io_uring how many it has answered so far.
 func (sys *FS) Transport() string {
+	if sys.ringNote != "" {
+		return "/dev/fuse (io_uring: " + sys.ringNote + ")"
+	}
 	if sys.ring == nil {
-		if sys.ringNote != "" {
-			return "/dev/fuse (io_uring: " + sys.ringNote + ")"
-		}
 		return "/dev/fuse"
 	}
 	return fmt.Sprintf("io_uring, %d entries (%d requests answered), with /dev/fuse for FORGET, INTERRUPT and notifications", sys.ring.Entries(), sys.ring.Served())

@@ -27,7 +27,16 @@
 // Turning it on: the kernel offers FUSE_OVER_IO_URING in FUSE_INIT only
 // while /sys/module/fuse/parameters/enable_uring is set. A daemon that
 // negotiates it must register an entry on every queue before the kernel
-// sends it any request but INIT; if a registration fails, the kernel
-// falls back to /dev/fuse. So the rings are set up before the mount
-// (Prepare) and registered right after INIT (Start).
+// sends it any request but INIT: until then every request of the mount
+// waits, its unmount included. The kernel falls back to /dev/fuse for
+// good when a registration fails inside FUSE. So the rings are set up
+// before the mount (Prepare) and registered right after INIT (Start);
+// an entry that fails before the kernel saw its registration makes one
+// fail on purpose (a queue that does not exist), so that no queue is
+// left empty; and an entry whose commit the kernel refuses registers
+// again rather than leave its queue one short.
+//
+// The entries submit on their own duplicate of the /dev/fuse descriptor:
+// go-fuse closes its own when the connection ends, possibly while an
+// entry is still answering.
 package fuseuring

@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // The little of io_uring this package needs: one ring per thread, 128-byte
@@ -14,9 +17,6 @@ import (
 // kernel's (include/uapi/linux/io_uring.h).
 
 const (
-	sysIOURingSetup = 425 // the same number on every architecture
-	sysIOURingEnter = 426
-
 	setupSQE128        = 1 << 10
 	setupSingleIssuer  = 1 << 12
 	setupDeferTaskrun  = 1 << 13
@@ -72,7 +72,7 @@ type ring struct {
 func newRing() (*ring, error) {
 	var p ringParams
 	p.flags = ringSetupFlags
-	fd, _, errno := syscall.RawSyscall(sysIOURingSetup, ringEntries, uintptr(unsafe.Pointer(&p)), 0)
+	fd, _, errno := syscall.RawSyscall(unix.SYS_IO_URING_SETUP, ringEntries, uintptr(unsafe.Pointer(&p)), 0)
 	if errno != 0 {
 		return nil, fmt.Errorf("io_uring_setup: %w (needs %s)", errno, errRingUnsupported)
 	}
@@ -115,30 +115,69 @@ func (r *ring) push() {
 	atomic.AddUint32(r.sqTail, 1)
 }
 
-// uringCmd fills sqe as an IORING_OP_URING_CMD on fd.
-func uringCmd(sqe []byte, fd int, cmdOp uint32, userData uint64) {
+// uringCmd fills sqe as an IORING_OP_URING_CMD on fd. The kernel reads
+// submissions in the machine's own byte order.
+func uringCmd(sqe []byte, fd int, cmdOp uint32) {
 	sqe[0] = opURingCmd
-	binary.LittleEndian.PutUint32(sqe[4:], uint32(fd))
-	binary.LittleEndian.PutUint32(sqe[sqeOffsetCmdOp:], cmdOp)
-	binary.LittleEndian.PutUint64(sqe[sqeOffsetUserData:], userData)
+	binary.NativeEndian.PutUint32(sqe[4:], uint32(fd))
+	binary.NativeEndian.PutUint32(sqe[sqeOffsetCmdOp:], cmdOp)
 }
 
-// wait submits what is pushed and blocks until a completion is there,
-// then returns it. The thread's deferred task work (the kernel copying a
-// request into the entry's buffers) runs inside this call.
-func (r *ring) wait() (userData uint64, res int32, err error) {
+// peek returns the next completion's result, if one is there, and leaves
+// it there.
+func (r *ring) peek() (res int32, ok bool) {
+	head := atomic.LoadUint32(r.cqHead)
+	if head == atomic.LoadUint32(r.cqTail) {
+		return 0, false
+	}
+	return *(*int32)(unsafe.Add(r.cqes, uintptr(head&r.cqMask)*cqeSize+8)), true
+}
+
+// completion returns the next completion's result, if one is there.
+func (r *ring) completion() (res int32, ok bool) {
+	if res, ok = r.peek(); ok {
+		atomic.AddUint32(r.cqHead, 1)
+	}
+	return res, ok
+}
+
+// enter submits what is pushed and, when wait is set, blocks until a
+// completion is there. The thread's deferred task work (the kernel
+// copying a request into the entry's buffers) runs inside this call.
+func (r *ring) enter(wait bool) error {
 	for {
-		head := atomic.LoadUint32(r.cqHead)
-		if head != atomic.LoadUint32(r.cqTail) {
-			cqe := unsafe.Add(r.cqes, uintptr(head&r.cqMask)*cqeSize)
-			userData, res = *(*uint64)(cqe), *(*int32)(unsafe.Add(cqe, 8))
-			atomic.StoreUint32(r.cqHead, head+1)
-			return userData, res, nil
-		}
 		toSubmit := atomic.LoadUint32(r.sqTail) - atomic.LoadUint32(r.sqHead)
-		_, _, errno := syscall.Syscall6(sysIOURingEnter, uintptr(r.fd), uintptr(toSubmit), 1, enterGetEvents, 0, 0)
-		if errno != 0 && errno != syscall.EINTR && errno != syscall.EAGAIN && errno != syscall.EBUSY {
-			return 0, 0, fmt.Errorf("io_uring_enter: %w", errno)
+		minComplete, flags := uintptr(0), uintptr(0)
+		if wait {
+			minComplete, flags = 1, enterGetEvents
+		}
+		_, _, errno := syscall.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(toSubmit), minComplete, flags, 0, 0)
+		switch errno {
+		case 0:
+			return nil
+		case syscall.EINTR:
+			// A signal (the Go runtime's preemption): what was taken
+			// stays taken, the rest is submitted again.
+		case syscall.EAGAIN, syscall.EBUSY:
+			time.Sleep(time.Millisecond) // the kernel is short of memory: not a spin
+		default:
+			return fmt.Errorf("io_uring_enter: %w", errno)
+		}
+		if !wait && atomic.LoadUint32(r.sqTail) == atomic.LoadUint32(r.sqHead) {
+			return nil
+		}
+	}
+}
+
+// wait submits what is pushed and returns the next completion's result,
+// blocking until there is one.
+func (r *ring) wait() (int32, error) {
+	for {
+		if res, ok := r.completion(); ok {
+			return res, nil
+		}
+		if err := r.enter(true); err != nil {
+			return 0, err
 		}
 	}
 }

@@ -53,10 +53,10 @@ type Handler func(in, out [][]byte) (n int, errno syscall.Errno)
 
 // Options size a Transport.
 type Options struct {
-	// PerQueue is the number of entries, each with its thread, on each
-	// of the kernel's queues (one per possible CPU): how many requests
-	// from one CPU can be answered at once. 0: 4, and fewer where there
-	// are many CPUs (32 entries in all, at least one per queue).
+	// PerQueue is the number of entries, each with its thread, on the
+	// queue of each online CPU: how many requests from one CPU can be
+	// answered at once. 0: 4 (2 from 16 CPUs on). A CPU that is possible
+	// but offline gets one entry: the kernel needs one on every queue.
 	PerQueue int
 	// MaxWrite is the mount's max_write; the payload buffers are sized
 	// from it as the kernel sizes its own.
@@ -68,10 +68,11 @@ type Options struct {
 
 // Transport is the set of ring entries serving one FUSE connection.
 type Transport struct {
-	entries []*entry
-	logf    func(format string, args ...any)
-	served  atomic.Uint64
-	wg      sync.WaitGroup
+	entries  []*entry
+	logf     func(format string, args ...any)
+	wg       sync.WaitGroup
+	fd       int // the connection's /dev/fuse descriptor, our own dup of it
+	fallback sync.Once
 }
 
 // start is what an entry's thread is told once the mount exists: serve
@@ -79,6 +80,9 @@ type Transport struct {
 type start struct {
 	fd      int
 	handler Handler
+	// registered gets nil once the kernel has taken the entry's
+	// registration, or why it did not.
+	registered chan<- error
 }
 
 type entry struct {
@@ -89,6 +93,9 @@ type entry struct {
 	header  []byte
 	payload []byte
 	start   chan start
+	served  atomic.Uint64 // one counter per entry: no line shared across CPUs
+	in      [3][]byte     // the request's pieces, kept to spare an allocation each
+	out     [2][]byte
 }
 
 // Enabled reports whether the kernel offers FUSE over io_uring to new
@@ -98,33 +105,33 @@ func Enabled() bool {
 	return err == nil && strings.TrimSpace(string(b)) == "Y"
 }
 
-// Enable turns the kernel's offer on (root only). It stays on: it only
-// lets a daemon ask for io_uring in FUSE_INIT, and turning it off again
-// after our INIT would race with the next mount's (a branch's, another
-// daemon's), which would then quietly get /dev/fuse.
-func Enable() error {
+// Enable turns the kernel's offer on (root only) and says whether it was
+// off. It stays on: it only lets a daemon ask for io_uring in FUSE_INIT,
+// and turning it off again after our INIT would race with the next
+// mount's (a branch's, another daemon's), which would then quietly get
+// /dev/fuse.
+func Enable() (turnedOn bool, err error) {
 	if Enabled() {
-		return nil
+		return false, nil
 	}
 	if err := os.WriteFile(enableParameter, []byte("1"), 0); err != nil {
-		return fmt.Errorf("turning on FUSE over io_uring (%s): %w", enableParameter, err)
+		return false, fmt.Errorf("turning on FUSE over io_uring (%s): %w", enableParameter, err)
 	}
-	return nil
+	return true, nil
 }
 
-// possibleCPUs is the number of queues the kernel makes: one per possible
-// CPU (num_possible_cpus), which may be more than are online.
-func possibleCPUs() (int, error) {
-	list, err := os.ReadFile("/sys/devices/system/cpu/possible")
+// cpuList reads a kernel CPU list file and returns the CPUs in it.
+func cpuList(path string) (map[int]bool, error) {
+	list, err := os.ReadFile(path)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return countCPUs(strings.TrimSpace(string(list)))
+	return parseCPUs(strings.TrimSpace(string(list)))
 }
 
-// countCPUs counts the CPUs in a kernel CPU list such as "0-3,8".
-func countCPUs(list string) (int, error) {
-	n := 0
+// parseCPUs reads a kernel CPU list such as "0-3,8".
+func parseCPUs(list string) (map[int]bool, error) {
+	cpus := map[int]bool{}
 	for _, part := range strings.Split(list, ",") {
 		lo, hi, isRange := strings.Cut(part, "-")
 		first, err1 := strconv.Atoi(lo)
@@ -132,25 +139,36 @@ func countCPUs(list string) (int, error) {
 		if isRange {
 			last, err2 = strconv.Atoi(hi)
 		}
-		if err1 != nil || err2 != nil || first < 0 || last < first {
-			return 0, fmt.Errorf("unreadable CPU list %q", list)
+		if err1 != nil || err2 != nil || first < 0 || last < first || last-first >= 1<<16 {
+			return nil, fmt.Errorf("unreadable CPU list %q", list)
 		}
-		n += last - first + 1
+		for c := first; c <= last; c++ {
+			cpus[c] = true
+		}
 	}
-	return n, nil
+	return cpus, nil
 }
 
 // Prepare makes every entry's thread, ring and buffers, before the mount:
 // once FUSE_INIT has negotiated io_uring, the kernel holds every request
-// until each queue has an entry, so nothing may fail after it but the
-// registration itself (after which the kernel falls back to /dev/fuse).
+// until each queue has an entry, so as little as possible may fail after
+// it (and what does, Start turns into a fall back to /dev/fuse).
 func Prepare(opts Options) (*Transport, error) {
-	queues, err := possibleCPUs()
+	// The kernel makes one queue per possible CPU (num_possible_cpus),
+	// numbered by CPU.
+	possible, err := cpuList("/sys/devices/system/cpu/possible")
 	if err != nil {
 		return nil, fmt.Errorf("counting the kernel's FUSE queues: %w", err)
 	}
+	online, err := cpuList("/sys/devices/system/cpu/online")
+	if err != nil {
+		online = possible
+	}
 	if opts.PerQueue < 1 {
-		opts.PerQueue = max(1, min(4, 32/queues))
+		opts.PerQueue = 4
+		if len(online) >= 16 {
+			opts.PerQueue = 2
+		}
 	}
 	if opts.Logf == nil {
 		opts.Logf = func(string, ...any) {}
@@ -161,10 +179,14 @@ func Prepare(opts Options) (*Transport, error) {
 	// pages. A page more leaves room for an answer's own header before
 	// a full payload.
 	payload := max(minPayload, (opts.MaxWrite+page-1)/page*page) + page
-	t := &Transport{logf: opts.Logf}
+	t := &Transport{logf: opts.Logf, fd: -1}
 	ready := make(chan error)
-	for q := 0; q < queues; q++ {
-		for i := 0; i < opts.PerQueue; i++ {
+	for q := 0; q < len(possible); q++ {
+		n := 1
+		if online[q] {
+			n = opts.PerQueue
+		}
+		for i := 0; i < n; i++ {
 			e := &entry{t: t, queue: uint16(q), start: make(chan start, 1)}
 			t.entries = append(t.entries, e)
 			t.wg.Add(1)
@@ -185,11 +207,71 @@ func Prepare(opts Options) (*Transport, error) {
 }
 
 // Start registers every entry with the FUSE connection on fd and serves
-// its requests with h until the connection ends.
-func (t *Transport) Start(fd int, h Handler) {
-	for _, e := range t.entries {
-		e.start <- start{fd: fd, handler: h}
+// its requests with h until the connection ends. It returns once the
+// kernel has taken every registration, or why one was refused: then the
+// connection falls back to /dev/fuse, for good, and the entries that were
+// taken stay idle.
+func (t *Transport) Start(fd int, h Handler) error {
+	// Our own descriptor: go-fuse closes fd when the connection ends,
+	// while an entry may still be answering, and a number reused by then
+	// would send its commit to another file.
+	own, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		t.fallBack(fd)
+		t.Abandon()
+		return fmt.Errorf("duplicating the /dev/fuse descriptor: %w", err)
 	}
+	t.fd = own
+	registered := make(chan error, len(t.entries))
+	for _, e := range t.entries {
+		e.start <- start{fd: own, handler: h, registered: registered}
+	}
+	var first error
+	for range t.entries {
+		if err := <-registered; err != nil && first == nil {
+			first = err
+		}
+	}
+	if first != nil {
+		t.fallBack(own)
+	}
+	go func() {
+		t.wg.Wait()
+		unix.Close(own)
+	}()
+	return first
+}
+
+// fallBack makes the kernel give up io_uring for the connection on fd and
+// wake the requests it holds for it, which then go over /dev/fuse. The
+// kernel does that when a registration fails inside FUSE itself, so one
+// is made to fail: for a queue that does not exist. Needed when an entry
+// could not even be submitted, or its thread stopped before it was; a
+// queue left without an entry would hold every request of the mount
+// forever, its unmount included.
+func (t *Transport) fallBack(fd int) {
+	t.fallback.Do(func() {
+		done := make(chan error)
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			r, err := newRing()
+			if err != nil {
+				done <- err
+				return
+			}
+			defer r.close()
+			sqe := r.prepare()
+			uringCmd(sqe, fd, cmdRegister)
+			binary.NativeEndian.PutUint16(sqe[cmdReqQueue:], 0xffff)
+			r.push()
+			_, err = r.wait()
+			done <- err
+		}()
+		if err := <-done; err != nil {
+			t.logf("fuse io_uring: could not make the kernel fall back to /dev/fuse: %v", err)
+		}
+	})
 }
 
 // Abandon releases the entries without registering them: the kernel did
@@ -205,7 +287,13 @@ func (t *Transport) Abandon() {
 func (t *Transport) Wait() { t.wg.Wait() }
 
 // Served is the number of requests answered through the rings so far.
-func (t *Transport) Served() uint64 { return t.served.Load() }
+func (t *Transport) Served() uint64 {
+	var n uint64
+	for _, e := range t.entries {
+		n += e.served.Load()
+	}
+	return n
+}
 
 // Entries is the number of ring entries, all queues together.
 func (t *Transport) Entries() int { return len(t.entries) }
@@ -234,7 +322,7 @@ func (e *entry) run(page, payload int, ready chan<- error) {
 	if s.fd < 0 {
 		return
 	}
-	if err := e.serve(s.fd, s.handler); err != nil {
+	if err := e.serve(s); err != nil {
 		e.t.logf("fuse io_uring queue %d: %v", e.queue, err)
 	}
 }
@@ -265,34 +353,77 @@ func (e *entry) tearDown() {
 	syscall.Munmap(e.mem)
 }
 
-// serve registers the entry, then answers a request and fetches the next
-// one in one submission, until the connection ends.
-func (e *entry) serve(fd int, h Handler) error {
+// register submits the entry's registration and returns what the kernel
+// said at once: a registration it refuses completes in the submission
+// itself, one it takes completes only when a request comes.
+func (e *entry) register(fd int) error {
+	if beforeRegister != nil {
+		if err := beforeRegister(e); err != nil {
+			return err
+		}
+	}
 	sqe := e.ring.prepare()
-	uringCmd(sqe, fd, cmdRegister, 0)
-	binary.LittleEndian.PutUint64(sqe[sqeOffsetAddr:], uint64(uintptr(unsafe.Pointer(&e.mem[iovecsAt]))))
-	binary.LittleEndian.PutUint32(sqe[sqeOffsetLen:], 2)
-	binary.LittleEndian.PutUint16(sqe[cmdReqQueue:], e.queue)
+	uringCmd(sqe, fd, cmdRegister)
+	binary.NativeEndian.PutUint64(sqe[sqeOffsetAddr:], uint64(uintptr(unsafe.Pointer(&e.mem[iovecsAt]))))
+	binary.NativeEndian.PutUint32(sqe[sqeOffsetLen:], 2)
+	binary.NativeEndian.PutUint16(sqe[cmdReqQueue:], e.queue)
 	e.ring.push()
-	for {
-		_, res, err := e.ring.wait()
+	if err := e.ring.enter(false); err != nil {
+		return err
+	}
+	if res, ok := e.ring.peek(); ok && res < 0 {
+		e.ring.completion()
+		return fmt.Errorf("registering an entry of queue %d: %w", e.queue, syscall.Errno(-res))
+	}
+	return nil // (a request already there is served by serve's first wait)
+}
+
+// beforeRegister, set by tests, makes entries fail or change before they
+// register.
+var beforeRegister func(e *entry) error
+
+// connectionGone reports whether errno says the FUSE connection ended
+// (unmounted, aborted) or the ring is going away with the daemon.
+func connectionGone(errno syscall.Errno) bool {
+	return errno == syscall.ENOTCONN || errno == syscall.ECONNABORTED || errno == syscall.ECANCELED || errno == syscall.ENODEV
+}
+
+// serve registers the entry, then answers a request and fetches the next
+// one in one submission, until the connection ends. A commit the kernel
+// refuses for another reason registers the entry afresh, so its CPU's
+// queue does not lose an entry for good.
+func (e *entry) serve(s start) error {
+	err := e.register(s.fd)
+	s.registered <- err
+	if err != nil {
+		return err
+	}
+	for refused := 0; ; {
+		res, err := e.ring.wait()
 		if err != nil {
 			return err
 		}
 		if res < 0 {
-			switch errno := syscall.Errno(-res); errno {
-			case syscall.ENOTCONN, syscall.ECONNABORTED, syscall.ECANCELED, syscall.ENODEV:
-				return nil // unmounted, aborted or the daemon is going away
-			default:
-				return fmt.Errorf("fetching a request: %w", errno)
+			errno := syscall.Errno(-res)
+			if connectionGone(errno) {
+				return nil
 			}
+			if refused++; refused > 3 {
+				return fmt.Errorf("the kernel refused the entry %d times, the last: %w", refused, errno)
+			}
+			e.t.logf("fuse io_uring queue %d: %v; registering the entry again", e.queue, errno)
+			if err := e.register(s.fd); err != nil {
+				return err
+			}
+			continue
 		}
-		commitID := e.answer(h)
-		e.t.served.Add(1)
+		refused = 0
+		commitID := e.answer(s.handler)
+		e.served.Add(1)
 		sqe := e.ring.prepare()
-		uringCmd(sqe, fd, cmdCommitAndFetch, 0)
-		binary.LittleEndian.PutUint64(sqe[cmdReqCommitID:], commitID)
-		binary.LittleEndian.PutUint16(sqe[cmdReqQueue:], e.queue)
+		uringCmd(sqe, s.fd, cmdCommitAndFetch)
+		binary.NativeEndian.PutUint64(sqe[cmdReqCommitID:], commitID)
+		binary.NativeEndian.PutUint16(sqe[cmdReqQueue:], e.queue)
 		e.ring.push()
 	}
 }
@@ -301,18 +432,19 @@ func (e *entry) serve(fd int, h Handler) error {
 // answer in them; it returns the request's commit id.
 func (e *entry) answer(h Handler) uint64 {
 	hdr := e.header
-	commitID := binary.LittleEndian.Uint64(hdr[entCommitID:])
-	unique := binary.LittleEndian.Uint64(hdr[headerInOut+8:])
-	length := int(binary.LittleEndian.Uint32(hdr[headerInOut:]))
-	payloadSize := int(binary.LittleEndian.Uint32(hdr[entPayloadSize:]))
+	order := binary.NativeEndian
+	commitID := order.Uint64(hdr[entCommitID:])
+	unique := order.Uint64(hdr[headerInOut+8:])
+	length := int(order.Uint32(hdr[headerInOut:]))
+	payloadSize := int(order.Uint32(hdr[entPayloadSize:]))
 	// The kernel does not say how long the operation's header is: it is
 	// what the request's length leaves over.
 	opSize := length - inHeaderSize - payloadSize
 	n, errno := 0, syscall.EIO
 	if opSize >= 0 && opSize <= headerOpInSize && payloadSize <= len(e.payload) {
-		in := [][]byte{hdr[headerInOut : headerInOut+inHeaderSize], hdr[headerOpIn : headerOpIn+opSize], e.payload[:payloadSize]}
-		out := [][]byte{hdr[headerInOut : headerInOut+outHeaderSize], e.payload}
-		n, errno = h(in, out)
+		e.in = [3][]byte{hdr[headerInOut : headerInOut+inHeaderSize], hdr[headerOpIn : headerOpIn+opSize], e.payload[:payloadSize]}
+		e.out = [2][]byte{hdr[headerInOut : headerInOut+outHeaderSize], e.payload}
+		n, errno = h(e.in[:], e.out[:])
 	}
 	if errno != 0 || n < outHeaderSize {
 		// No answer (a malformed request, or one go-fuse drops because
@@ -320,12 +452,12 @@ func (e *entry) answer(h Handler) uint64 {
 		if errno == 0 {
 			errno = syscall.EIO
 		}
-		binary.LittleEndian.PutUint32(hdr[headerInOut:], outHeaderSize)
-		binary.LittleEndian.PutUint32(hdr[headerInOut+4:], uint32(-int32(errno)))
-		binary.LittleEndian.PutUint64(hdr[headerInOut+8:], unique)
+		order.PutUint32(hdr[headerInOut:], outHeaderSize)
+		order.PutUint32(hdr[headerInOut+4:], uint32(-int32(errno)))
+		order.PutUint64(hdr[headerInOut+8:], unique)
 		n = outHeaderSize
 	}
-	binary.LittleEndian.PutUint32(hdr[entPayloadSize:], uint32(n-outHeaderSize))
+	order.PutUint32(hdr[entPayloadSize:], uint32(n-outHeaderSize))
 	return commitID
 }
 

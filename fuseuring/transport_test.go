@@ -7,27 +7,30 @@ import (
 	"testing"
 )
 
-func TestCountCPUs(t *testing.T) {
+func TestParseCPUs(t *testing.T) {
 	for list, want := range map[string]int{"0": 1, "0-1": 2, "0-3,8": 5, "0-3,8-11": 8, "2,4,6": 3} {
-		got, err := countCPUs(list)
-		if err != nil || got != want {
-			t.Errorf("countCPUs(%q) = %d, %v; want %d", list, got, err, want)
+		got, err := parseCPUs(list)
+		if err != nil || len(got) != want {
+			t.Errorf("parseCPUs(%q) = %v, %v; want %d CPUs", list, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "a", "3-1", "0-", "-1", "0,,1", "1-x"} {
-		if n, err := countCPUs(bad); err == nil {
-			t.Errorf("countCPUs(%q) = %d, want an error", bad, n)
+	if got, _ := parseCPUs("0-3,8"); !got[8] || got[4] {
+		t.Errorf("parseCPUs(0-3,8) = %v", got)
+	}
+	for _, bad := range []string{"", "a", "3-1", "0-", "-1", "0,,1", "1-x", "0-999999999"} {
+		if cpus, err := parseCPUs(bad); err == nil {
+			t.Errorf("parseCPUs(%q) = %v, want an error", bad, cpus)
 		}
 	}
 }
 
-func FuzzCountCPUs(f *testing.F) {
+func FuzzParseCPUs(f *testing.F) {
 	for _, s := range []string{"0", "0-1", "0-3,8", "", "3-1"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, list string) {
-		if n, err := countCPUs(list); err == nil && n < 1 {
-			t.Fatalf("countCPUs(%q) = %d without an error", list, n)
+		if cpus, err := parseCPUs(list); err == nil && len(cpus) < 1 {
+			t.Fatalf("parseCPUs(%q) = %v without an error", list, cpus)
 		}
 	})
 }
@@ -37,13 +40,13 @@ func FuzzCountCPUs(f *testing.F) {
 // size.
 func request(e *entry, unique uint64, op, payload []byte) {
 	clear(e.header)
-	binary.LittleEndian.PutUint32(e.header[headerInOut:], uint32(inHeaderSize+len(op)+len(payload)))
-	binary.LittleEndian.PutUint32(e.header[headerInOut+4:], 15) // an opcode
-	binary.LittleEndian.PutUint64(e.header[headerInOut+8:], unique)
+	binary.NativeEndian.PutUint32(e.header[headerInOut:], uint32(inHeaderSize+len(op)+len(payload)))
+	binary.NativeEndian.PutUint32(e.header[headerInOut+4:], 15) // an opcode
+	binary.NativeEndian.PutUint64(e.header[headerInOut+8:], unique)
 	copy(e.header[headerOpIn:], op)
 	copy(e.payload, payload)
-	binary.LittleEndian.PutUint64(e.header[entCommitID:], unique)
-	binary.LittleEndian.PutUint32(e.header[entPayloadSize:], uint32(len(payload)))
+	binary.NativeEndian.PutUint64(e.header[entCommitID:], unique)
+	binary.NativeEndian.PutUint32(e.header[entPayloadSize:], uint32(len(payload)))
 }
 
 func testEntry() *entry {
@@ -52,8 +55,8 @@ func testEntry() *entry {
 
 func outHeader(e *entry) (length uint32, errno int32, unique uint64, payloadSize uint32) {
 	h := e.header
-	return binary.LittleEndian.Uint32(h[headerInOut:]), int32(binary.LittleEndian.Uint32(h[headerInOut+4:])),
-		binary.LittleEndian.Uint64(h[headerInOut+8:]), binary.LittleEndian.Uint32(h[entPayloadSize:])
+	return binary.NativeEndian.Uint32(h[headerInOut:]), int32(binary.NativeEndian.Uint32(h[headerInOut+4:])),
+		binary.NativeEndian.Uint64(h[headerInOut+8:]), binary.NativeEndian.Uint32(h[entPayloadSize:])
 }
 
 func TestAnswerHandsTheRequestOverAndTheAnswerBack(t *testing.T) {
@@ -66,9 +69,9 @@ func TestAnswerHandsTheRequestOverAndTheAnswerBack(t *testing.T) {
 			seen = append(seen, append([]byte(nil), b...))
 		}
 		// The answer: an out header and eight bytes after it.
-		binary.LittleEndian.PutUint32(out[0], outHeaderSize+8)
-		binary.LittleEndian.PutUint32(out[0][4:], 0)
-		binary.LittleEndian.PutUint64(out[0][8:], 77)
+		binary.NativeEndian.PutUint32(out[0], outHeaderSize+8)
+		binary.NativeEndian.PutUint32(out[0][4:], 0)
+		binary.NativeEndian.PutUint64(out[0][8:], 77)
 		copy(out[1], "answer!!")
 		return outHeaderSize + 8, 0
 	})
@@ -88,16 +91,16 @@ func TestAnswerRefusesAMalformedRequest(t *testing.T) {
 	for name, fill := range map[string]func(e *entry){
 		"length shorter than the payload": func(e *entry) {
 			request(e, 9, nil, []byte("abc"))
-			binary.LittleEndian.PutUint32(e.header[headerInOut:], inHeaderSize)
+			binary.NativeEndian.PutUint32(e.header[headerInOut:], inHeaderSize)
 		},
 		"operation header too long": func(e *entry) {
 			request(e, 9, nil, nil)
-			binary.LittleEndian.PutUint32(e.header[headerInOut:], inHeaderSize+headerOpInSize+1)
+			binary.NativeEndian.PutUint32(e.header[headerInOut:], inHeaderSize+headerOpInSize+1)
 		},
 		"payload larger than the buffer": func(e *entry) {
 			request(e, 9, nil, nil)
-			binary.LittleEndian.PutUint32(e.header[entPayloadSize:], uint32(len(e.payload)+1))
-			binary.LittleEndian.PutUint32(e.header[headerInOut:], uint32(inHeaderSize+len(e.payload)+1))
+			binary.NativeEndian.PutUint32(e.header[entPayloadSize:], uint32(len(e.payload)+1))
+			binary.NativeEndian.PutUint32(e.header[headerInOut:], uint32(inHeaderSize+len(e.payload)+1))
 		},
 	} {
 		e := testEntry()
@@ -133,9 +136,9 @@ func FuzzAnswer(f *testing.F) {
 	f.Add(uint32(1<<31), uint32(1<<31), uint64(1<<63))
 	f.Fuzz(func(t *testing.T, length, payloadSize uint32, unique uint64) {
 		e := testEntry()
-		binary.LittleEndian.PutUint32(e.header[headerInOut:], length)
-		binary.LittleEndian.PutUint64(e.header[headerInOut+8:], unique)
-		binary.LittleEndian.PutUint32(e.header[entPayloadSize:], payloadSize)
+		binary.NativeEndian.PutUint32(e.header[headerInOut:], length)
+		binary.NativeEndian.PutUint64(e.header[headerInOut+8:], unique)
+		binary.NativeEndian.PutUint32(e.header[entPayloadSize:], payloadSize)
 		e.answer(func(in, out [][]byte) (int, syscall.Errno) {
 			total := 0
 			for _, b := range in {
