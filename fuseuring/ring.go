@@ -30,7 +30,6 @@ const (
 	sqeOffsetCmdOp     = 8
 	sqeOffsetAddr      = 16
 	sqeOffsetLen       = 24
-	sqeOffsetUserData  = 32
 	sqeOffsetCmd       = 48 // the 80-byte command area of a 128-byte submission
 	ringEntries        = 2  // one submission in flight; the smallest ring
 	ringSetupFlags     = setupSQE128 | setupSingleIssuer | setupDeferTaskrun
