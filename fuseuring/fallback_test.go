@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -38,7 +39,7 @@ func requireRings(t *testing.T) {
 // io_uring negotiated, starts the rings and returns the mount point, the
 // rings, what Start said, and a function that unmounts and waits for
 // everything.
-func mountOverRings(t *testing.T) (string, *Transport, error, func()) {
+func mountOverRings(t *testing.T, beforeStart ...func()) (string, *Transport, error, func()) {
 	t.Helper()
 	mo := fuse.MountOptions{Name: "fuseuringtest", FsName: "fuseuringtest", MaxWrite: 128 << 10, ExtraCapabilities: fuse.CAP_OVER_IO_URING}
 	rings, err := Prepare(Options{PerQueue: 2, MaxWrite: mo.MaxWrite, Logf: t.Logf})
@@ -78,6 +79,9 @@ func mountOverRings(t *testing.T) (string, *Transport, error, func()) {
 		t.Fatal("go-fuse's Server layout changed")
 	}
 	ps := (*fuse.ProtocolServer)(unsafe.Pointer(server))
+	for _, f := range beforeStart {
+		f()
+	}
 	startErr := rings.Start(fd, func(in, out [][]byte) (int, syscall.Errno) {
 		n, st := ps.HandleRequest(in, out)
 		return n, syscall.Errno(st)
@@ -184,4 +188,69 @@ func TestRingsFallBackWhenTheKernelRefusesAnEntry(t *testing.T) {
 
 func unsafeIovecs(e *entry) []syscall.Iovec {
 	return unsafe.Slice((*syscall.Iovec)(unsafe.Pointer(&e.mem[iovecsAt])), 2)
+}
+
+// One entry refused while its queue has others: the rings serve, and
+// Start does not make the kernel fall back for nothing.
+func TestRingsServeWhenOneEntryOfAQueueFails(t *testing.T) {
+	requireRings(t)
+	var failed atomic.Bool // the entries register at once
+	beforeRegister = func(e *entry) error {
+		if e.queue == 0 && failed.CompareAndSwap(false, true) {
+			return errors.New("a fault made by the test")
+		}
+		return nil
+	}
+	defer func() { beforeRegister = nil }()
+	mnt, rings, err, unmount := mountOverRings(t)
+	defer unmount()
+	if err != nil {
+		t.Fatalf("Start: %v, want the rings serving", err)
+	}
+	works(t, mnt)
+	if rings.Served() == 0 {
+		t.Errorf("the rings answered no request")
+	}
+}
+
+// With no descriptor left to open, Start still gets its copy of the
+// connection's (on the number Prepare reserved) and the rings serve.
+func TestRingsStartWithNoDescriptorLeft(t *testing.T) {
+	requireRings(t)
+	var filler []int
+	defer func() {
+		for _, fd := range filler {
+			syscall.Close(fd)
+		}
+	}()
+	exhaust := func() {
+		for {
+			fd, err := syscall.Open("/dev/null", syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+			if err != nil {
+				if !errors.Is(err, syscall.EMFILE) {
+					t.Fatalf("filling the descriptor table: %v", err)
+				}
+				return
+			}
+			filler = append(filler, fd)
+		}
+	}
+	var lim syscall.Rlimit
+	syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim)
+	if lim.Cur > 1<<16 {
+		t.Skipf("a descriptor limit of %d is too many to fill", lim.Cur)
+	}
+	mnt, rings, err, unmount := mountOverRings(t, exhaust)
+	for _, fd := range filler {
+		syscall.Close(fd)
+	}
+	filler = nil
+	defer unmount()
+	if err != nil {
+		t.Fatalf("Start with no descriptor left: %v", err)
+	}
+	works(t, mnt)
+	if rings.Served() == 0 {
+		t.Errorf("the rings answered no request")
+	}
 }

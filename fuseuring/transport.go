@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -71,8 +72,21 @@ type Transport struct {
 	entries  []*entry
 	logf     func(format string, args ...any)
 	wg       sync.WaitGroup
-	fd       int // the connection's /dev/fuse descriptor, our own dup of it
-	fallback sync.Once
+	reserved int // a descriptor number Start makes the connection's own copy on
+	// fallback is a thread with a ring of its own, made by Prepare, that
+	// Start asks to make the kernel fall back to /dev/fuse (fd), or to
+	// end (-1): nothing it needs can fail once asked.
+	fallback chan int
+	fellBack chan error
+	// fallbackDone: the fallback thread has ended or is ending;
+	// reservedTaken: Start has the reserved descriptor, or it is closed.
+	fallbackDone, reservedTaken bool
+}
+
+// registration is an entry's answer to Start.
+type registration struct {
+	queue uint16
+	err   error
 }
 
 // start is what an entry's thread is told once the mount exists: serve
@@ -80,9 +94,8 @@ type Transport struct {
 type start struct {
 	fd      int
 	handler Handler
-	// registered gets nil once the kernel has taken the entry's
-	// registration, or why it did not.
-	registered chan<- error
+	// registered gets the kernel's answer to the entry's registration.
+	registered chan<- registration
 }
 
 type entry struct {
@@ -179,7 +192,20 @@ func Prepare(opts Options) (*Transport, error) {
 	// pages. A page more leaves room for an answer's own header before
 	// a full payload.
 	payload := max(minPayload, (opts.MaxWrite+page-1)/page*page) + page
-	t := &Transport{logf: opts.Logf, fd: -1}
+	t := &Transport{logf: opts.Logf, fallback: make(chan int), fellBack: make(chan error)}
+	// What Start may need is taken now, while failing is still harmless:
+	// the descriptor number for its copy of the connection's (a dup
+	// onto it cannot fail for want of descriptors) and the ring that
+	// makes the kernel fall back.
+	if t.reserved, err = unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+		return nil, fmt.Errorf("a descriptor for the FUSE rings: %w", err)
+	}
+	fallbackReady := make(chan error)
+	go t.fallbackThread(fallbackReady)
+	if err := <-fallbackReady; err != nil {
+		unix.Close(t.reserved)
+		return nil, err
+	}
 	ready := make(chan error)
 	for q := 0; q < len(possible); q++ {
 		n := 1
@@ -207,71 +233,106 @@ func Prepare(opts Options) (*Transport, error) {
 }
 
 // Start registers every entry with the FUSE connection on fd and serves
-// its requests with h until the connection ends. It returns once the
-// kernel has taken every registration, or why one was refused: then the
-// connection falls back to /dev/fuse, for good, and the entries that were
-// taken stay idle.
+// its requests with h until the connection ends. It returns nil once the
+// kernel has taken an entry on every queue, the rings serving (an entry
+// it refused is logged); otherwise it makes the connection fall back to
+// /dev/fuse, for good, and says why: the entries that were taken stay
+// idle until the connection ends.
 func (t *Transport) Start(fd int, h Handler) error {
 	// Our own descriptor: go-fuse closes fd when the connection ends,
 	// while an entry may still be answering, and a number reused by then
 	// would send its commit to another file.
-	own, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
+	own := t.reserved
+	t.reservedTaken = true
+	if err := unix.Dup3(fd, own, unix.O_CLOEXEC); err != nil {
+		unix.Close(own)
 		t.fallBack(fd)
 		t.Abandon()
-		return fmt.Errorf("duplicating the /dev/fuse descriptor: %w", err)
+		return fmt.Errorf("copying the /dev/fuse descriptor: %w", err)
 	}
-	t.fd = own
-	registered := make(chan error, len(t.entries))
+	registered := make(chan registration, len(t.entries))
+	taken := map[uint16]int{} // queue -> entries the kernel took
 	for _, e := range t.entries {
+		taken[e.queue] = 0
 		e.start <- start{fd: own, handler: h, registered: registered}
 	}
-	var first error
+	var refused error
 	for range t.entries {
-		if err := <-registered; err != nil && first == nil {
-			first = err
+		r := <-registered
+		if r.err == nil {
+			taken[r.queue]++
+		} else if refused == nil {
+			refused = r.err
 		}
 	}
-	if first != nil {
-		t.fallBack(own)
+	var err error
+	for q, n := range taken {
+		if n == 0 {
+			// The kernel holds every request until each queue has
+			// an entry: this one never will.
+			err = fmt.Errorf("queue %d got no entry: %w", q, refused)
+			t.fallBack(own)
+			break
+		}
 	}
+	if err == nil && refused != nil {
+		t.logf("fuse io_uring: an entry was refused (%v); every queue has others", refused)
+	}
+	t.stopFallback()
 	go func() {
 		t.wg.Wait()
 		unix.Close(own)
 	}()
-	return first
+	return err
+}
+
+// fallbackThread is the thread fallBack works on, with its ring made
+// before anything depends on it.
+func (t *Transport) fallbackThread(ready chan<- error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	r, err := newRing()
+	ready <- err
+	if err != nil {
+		return
+	}
+	defer r.close()
+	fd := <-t.fallback
+	if fd < 0 {
+		return
+	}
+	// A registration for a queue that does not exist fails inside
+	// FUSE, which is what makes the kernel give up io_uring for the
+	// connection and wake the requests it holds for it.
+	sqe := r.prepare()
+	uringCmd(sqe, fd, cmdRegister)
+	binary.NativeEndian.PutUint16(sqe[cmdReqQueue:], 0xffff)
+	r.push()
+	_, err = r.wait()
+	t.fellBack <- err
 }
 
 // fallBack makes the kernel give up io_uring for the connection on fd and
-// wake the requests it holds for it, which then go over /dev/fuse. The
-// kernel does that when a registration fails inside FUSE itself, so one
-// is made to fail: for a queue that does not exist. Needed when an entry
-// could not even be submitted, or its thread stopped before it was; a
-// queue left without an entry would hold every request of the mount
-// forever, its unmount included.
+// send the requests it holds, and all later ones, over /dev/fuse. Needed
+// when a queue got no entry: the kernel would hold every request of the
+// mount forever, its unmount included.
 func (t *Transport) fallBack(fd int) {
-	t.fallback.Do(func() {
-		done := make(chan error)
-		go func() {
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			r, err := newRing()
-			if err != nil {
-				done <- err
-				return
-			}
-			defer r.close()
-			sqe := r.prepare()
-			uringCmd(sqe, fd, cmdRegister)
-			binary.NativeEndian.PutUint16(sqe[cmdReqQueue:], 0xffff)
-			r.push()
-			_, err = r.wait()
-			done <- err
-		}()
-		if err := <-done; err != nil {
-			t.logf("fuse io_uring: could not make the kernel fall back to /dev/fuse: %v", err)
-		}
-	})
+	if t.fallbackDone {
+		return
+	}
+	t.fallbackDone = true
+	t.fallback <- fd
+	if err := <-t.fellBack; err != nil {
+		t.logf("fuse io_uring: could not make the kernel fall back to /dev/fuse: %v", err)
+	}
+}
+
+// stopFallback ends the fallback thread unless fallBack used it.
+func (t *Transport) stopFallback() {
+	if !t.fallbackDone {
+		t.fallbackDone = true
+		t.fallback <- -1
+	}
 }
 
 // Abandon releases the entries without registering them: the kernel did
@@ -281,6 +342,11 @@ func (t *Transport) Abandon() {
 		e.start <- start{fd: -1}
 	}
 	t.wg.Wait()
+	t.stopFallback()
+	if !t.reservedTaken {
+		t.reservedTaken = true
+		unix.Close(t.reserved)
+	}
 }
 
 // Wait returns once every entry has stopped: the connection ended.
@@ -362,12 +428,7 @@ func (e *entry) register(fd int) error {
 			return err
 		}
 	}
-	sqe := e.ring.prepare()
-	uringCmd(sqe, fd, cmdRegister)
-	binary.NativeEndian.PutUint64(sqe[sqeOffsetAddr:], uint64(uintptr(unsafe.Pointer(&e.mem[iovecsAt]))))
-	binary.NativeEndian.PutUint32(sqe[sqeOffsetLen:], 2)
-	binary.NativeEndian.PutUint16(sqe[cmdReqQueue:], e.queue)
-	e.ring.push()
+	e.submitRegister(fd)
 	if err := e.ring.enter(false); err != nil {
 		return err
 	}
@@ -376,6 +437,16 @@ func (e *entry) register(fd int) error {
 		return fmt.Errorf("registering an entry of queue %d: %w", e.queue, syscall.Errno(-res))
 	}
 	return nil // (a request already there is served by serve's first wait)
+}
+
+// submitRegister queues the entry's registration for the next enter.
+func (e *entry) submitRegister(fd int) {
+	sqe := e.ring.prepare()
+	uringCmd(sqe, fd, cmdRegister)
+	binary.NativeEndian.PutUint64(sqe[sqeOffsetAddr:], uint64(uintptr(unsafe.Pointer(&e.mem[iovecsAt]))))
+	binary.NativeEndian.PutUint32(sqe[sqeOffsetLen:], 2)
+	binary.NativeEndian.PutUint16(sqe[cmdReqQueue:], e.queue)
+	e.ring.push()
 }
 
 // beforeRegister, set by tests, makes entries fail or change before they
@@ -389,32 +460,30 @@ func connectionGone(errno syscall.Errno) bool {
 }
 
 // serve registers the entry, then answers a request and fetches the next
-// one in one submission, until the connection ends. A commit the kernel
-// refuses for another reason registers the entry afresh, so its CPU's
-// queue does not lose an entry for good.
+// one in one submission, until the connection ends. Once the rings serve,
+// there is no falling back: a commit or registration the kernel refuses
+// for another reason registers the entry afresh (waiting longer each
+// time), so that its CPU's queue does not lose an entry for good.
 func (e *entry) serve(s start) error {
 	err := e.register(s.fd)
-	s.registered <- err
+	s.registered <- registration{queue: e.queue, err: err}
 	if err != nil {
 		return err
 	}
 	for refused := 0; ; {
 		res, err := e.ring.wait()
 		if err != nil {
-			return err
+			return fmt.Errorf("%w: the queue has an entry less until the mount ends", err)
 		}
 		if res < 0 {
 			errno := syscall.Errno(-res)
 			if connectionGone(errno) {
 				return nil
 			}
-			if refused++; refused > 3 {
-				return fmt.Errorf("the kernel refused the entry %d times, the last: %w", refused, errno)
-			}
-			e.t.logf("fuse io_uring queue %d: %v; registering the entry again", e.queue, errno)
-			if err := e.register(s.fd); err != nil {
-				return err
-			}
+			refused++
+			e.t.logf("fuse io_uring queue %d: the kernel refused the entry (%v, %d in a row); registering it again", e.queue, errno, refused)
+			time.Sleep(min(time.Duration(refused)*10*time.Millisecond, time.Second))
+			e.submitRegister(s.fd)
 			continue
 		}
 		refused = 0
