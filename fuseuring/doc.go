@@ -30,13 +30,15 @@
 // sends it any request but INIT: until then every request of the mount
 // waits, its unmount included. The kernel falls back to /dev/fuse for
 // good when a registration fails inside FUSE. So the rings are set up
-// before the mount (Prepare) and registered right after INIT (Start);
-// an entry that fails before the kernel saw its registration makes one
-// fail on purpose (a queue that does not exist), so that no queue is
-// left empty; and an entry whose commit the kernel refuses registers
-// again rather than leave its queue one short.
+// before the mount (Prepare) and registered right after INIT (Start),
+// which can no longer fail for want of descriptors or memory: Prepare
+// has reserved what it needs. When a queue is left without an entry,
+// Start makes a registration fail on purpose (for a queue that does not
+// exist) so that the kernel falls back. Once the rings serve there is no
+// falling back, so an entry the kernel refuses registers again rather
+// than leave its queue one short.
 //
-// The entries submit on their own duplicate of the /dev/fuse descriptor:
+// The entries submit on their own copy of the /dev/fuse descriptor:
 // go-fuse closes its own when the connection ends, possibly while an
 // entry is still answering.
 package fuseuring
