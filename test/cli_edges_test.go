@@ -192,7 +192,7 @@ func TestCLILogPaging(t *testing.T) {
 		}
 		return seqs
 	}
-	all := page()
+	all := seqsOf(settledLog(t, m))
 	if len(all) < 8 {
 		t.Fatalf("log: %v", all)
 	}

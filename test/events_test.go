@@ -205,6 +205,23 @@ func logCLI(t *testing.T, m *stagefsMount, args ...string) []control.LogEntry {
 	return lr.Records
 }
 
+// settledLog is logCLI once the journal has stopped growing: the close of
+// a file is journaled when the kernel sends its release, after close(2)
+// returned, so a log read right after a tool exits may still grow.
+func settledLog(t *testing.T, m *stagefsMount) []control.LogEntry {
+	t.Helper()
+	recs := logCLI(t, m)
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		again := logCLI(t, m)
+		if len(again) == len(recs) {
+			return again
+		}
+		recs = again
+	}
+	return recs
+}
+
 func seqsOf(recs []control.LogEntry) []uint64 {
 	out := []uint64{}
 	for _, r := range recs {
@@ -234,7 +251,7 @@ func TestLogCLISinceAndPath(t *testing.T) {
 	parallel(t)
 	m := mountStagefs(t, withFiles(map[string]string{"a.txt": "a\n", "b.txt": "b\n"}))
 	pid1 := shellPid(t, m, "echo A > a.txt")
-	all1 := logCLI(t, m)
+	all1 := settledLog(t, m)
 	if len(all1) == 0 {
 		t.Fatal("empty journal after a write in the mount")
 	}
@@ -250,7 +267,7 @@ func TestLogCLISinceAndPath(t *testing.T) {
 	}
 
 	pid2 := shellPid(t, m, "echo B >> b.txt; echo C > c.txt; mkdir d; rm a.txt")
-	all2 := logCLI(t, m)
+	all2 := settledLog(t, m)
 	after := logCLI(t, m, "--since", fmt.Sprint(since))
 	if len(after) == 0 {
 		t.Fatalf("log --since %d: nothing, after four more operations", since)
