@@ -17,7 +17,10 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"strconv"
+	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -269,13 +272,45 @@ func lockState(state string) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	// A daemon killed a moment ago is gone before the kernel has released
+	// its lock (a dead process's files are closed asynchronously, and
+	// its FUSE rings are torn down first): a restart waits for that, a
+	// few seconds at most, but never for a daemon that is alive.
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			break
+		}
 		pid, _ := os.ReadFile(filepath.Join(state, "pid"))
-		f.Close()
-		return nil, fmt.Errorf("another stagefs daemon (pid %s) is using the state dir %s; unmount it first or pass another --state", string(pid), state)
+		if err != syscall.EWOULDBLOCK || daemonAlive(string(pid)) || time.Now().After(deadline) {
+			f.Close()
+			return nil, fmt.Errorf("another stagefs daemon (pid %s) is using the state dir %s; unmount it first or pass another --state", string(pid), state)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	os.WriteFile(filepath.Join(state, "pid"), []byte(fmt.Sprint(os.Getpid())), 0o600)
 	return f, nil
+}
+
+// daemonAlive reports whether the process of the pid file's text runs
+// (not a zombie); an unreadable pid counts as alive.
+func daemonAlive(pidText string) bool {
+	pid, err := strconv.Atoi(strings.TrimSpace(pidText))
+	if err != nil || pid <= 0 {
+		return true
+	}
+	if syscall.Kill(pid, 0) == syscall.ESRCH {
+		return false
+	}
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// "pid (comm) S ...": the state follows the last ')'.
+	s := string(stat)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || (s[i+2] != 'Z' && s[i+2] != 'X')
 }
 
 // clearStaleMount removes a mount left by a killed daemon (its mount point
