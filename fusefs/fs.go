@@ -128,17 +128,21 @@ func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
 	if opts.URing {
 		ring, sys.ringNote = prepareRing(&mo, opts.URingPerQueue, sys.logf)
 	}
+	// failed undoes what the mount set up before it failed.
+	failed := func(err error) (*FS, error) {
+		if sys.watch != nil {
+			sys.watch.file.Close()
+		}
+		if ring != nil {
+			ring.Abandon()
+		}
+		return nil, err
+	}
 	target, devFD := mountpoint, -1
 	if os.Geteuid() == 0 {
 		fd, err := mountDevice(mountpoint, &mo) // mount.go
 		if err != nil {
-			if sys.watch != nil {
-				sys.watch.file.Close()
-			}
-			if ring != nil {
-				ring.Abandon()
-			}
-			return nil, err
+			return failed(err)
 		}
 		target, sys.ownMount, devFD = fmt.Sprintf("/dev/fd/%d", fd), true, fd
 	}
@@ -148,17 +152,11 @@ func Mount(mountpoint string, eng *overlay.Engine, opts Options) (*FS, error) {
 		go server.Serve()
 		err = server.WaitMount()
 	}
-	if err != nil && sys.ownMount {
-		syscall.Unmount(mountpoint, syscall.MNT_DETACH)
-	}
 	if err != nil {
-		if sys.watch != nil {
-			sys.watch.file.Close()
+		if sys.ownMount {
+			syscall.Unmount(mountpoint, syscall.MNT_DETACH)
 		}
-		if ring != nil {
-			ring.Abandon()
-		}
-		return nil, err
+		return failed(err)
 	}
 	sys.server = server
 	if ring != nil {

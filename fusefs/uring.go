@@ -20,21 +20,28 @@ import (
 // that field, which ringHandler checks before it trusts it. A go-fuse
 // that changes the layout gets the /dev/fuse transport and a note.
 
-// ringHandler returns server's request handling as a fuseuring.Handler.
-func ringHandler(server *fuse.Server) (fuseuring.Handler, error) {
+// serverLayoutOK says whether go-fuse's Server starts with the
+// ProtocolServer that ringHandler takes it for.
+func serverLayoutOK() error {
 	st, pt := reflect.TypeOf(fuse.Server{}), reflect.TypeOf(fuse.ProtocolServer{})
 	if st.NumField() == 0 || pt.NumField() != 1 {
-		return nil, fmt.Errorf("go-fuse's Server has an unknown layout")
+		return fmt.Errorf("go-fuse's Server has an unknown layout")
 	}
 	inner := st.Field(0)
 	if !inner.Anonymous || inner.Offset != 0 || inner.Type != pt.Field(0).Type {
-		return nil, fmt.Errorf("go-fuse's Server does not start with its ProtocolServer")
+		return fmt.Errorf("go-fuse's Server does not start with its ProtocolServer")
 	}
+	return nil
+}
+
+// ringHandler returns server's request handling as a fuseuring.Handler;
+// prepareRing checked serverLayoutOK before the mount.
+func ringHandler(server *fuse.Server) fuseuring.Handler {
 	ps := (*fuse.ProtocolServer)(unsafe.Pointer(server))
 	return func(in, out [][]byte) (int, syscall.Errno) {
 		n, status := ps.HandleRequest(in, out)
 		return n, syscall.Errno(status)
-	}, nil
+	}
 }
 
 // prepareRing sets up the rings before the mount, turning the kernel's
@@ -44,7 +51,7 @@ func prepareRing(mo *fuse.MountOptions, perQueue int, logf func(string, ...any))
 	if os.Geteuid() != 0 {
 		return nil, "needs root (the daemon mounts /dev/fuse itself)"
 	}
-	if _, err := ringHandler(&fuse.Server{}); err != nil {
+	if err := serverLayoutOK(); err != nil {
 		return nil, err.Error()
 	}
 	turnedOn, err := fuseuring.Enable()
@@ -69,16 +76,11 @@ func (sys *FS) startRing(ring *fuseuring.Transport, fd int) string {
 		ring.Abandon()
 		return fuseuring.ErrNotOffered.Error()
 	}
-	handler, err := ringHandler(sys.server)
-	if err != nil { // checked before the mount; cannot change since
-		ring.Abandon()
-		return err.Error()
-	}
 	// Kept even when a registration was refused: the entries the
 	// kernel took stay until the connection ends, and unmount waits
 	// for them.
 	sys.ring = ring
-	if err := ring.Start(fd, handler); err != nil {
+	if err := ring.Start(fd, ringHandler(sys.server)); err != nil {
 		return err.Error()
 	}
 	return ""

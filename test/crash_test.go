@@ -938,16 +938,24 @@ func stageGeneration(t *testing.T, in func(string) string, g, files int) {
 	}
 }
 
+// commitTree is the workspace the commit and branch scenarios start
+// from: files under c/, a renamed file and a directory of ten.
+func commitTree(files int) map[string]string {
+	tree := map[string]string{"c/r-0": "renamed file\n"}
+	for i := 0; i < files; i++ {
+		tree[fmt.Sprintf("c/f%03d", i)] = commitContent(0, i)
+	}
+	for j := 0; j < 10; j++ {
+		tree[fmt.Sprintf("c/d-0/x%02d", j)] = commitContent(0, 1000+j)
+	}
+	return tree
+}
+
 func crashCommit(c *crashRun) {
 	t := c.t
 	const files = 200
-	files0 := map[string]string{"c/r-0": "renamed file\n", "w/": ""}
-	for i := 0; i < files; i++ {
-		files0[fmt.Sprintf("c/f%03d", i)] = commitContent(0, i)
-	}
-	for j := 0; j < 10; j++ {
-		files0[fmt.Sprintf("c/d-0/x%02d", j)] = commitContent(0, 1000+j)
-	}
+	files0 := commitTree(files)
+	files0["w/"] = ""
 	c.m = mountStagefs(t, withFiles(files0))
 	m := c.m
 	est := 400 * time.Millisecond // how long a commit takes; updated below
@@ -1178,13 +1186,7 @@ func crashRestore(c *crashRun) {
 func crashBranch(c *crashRun) {
 	t := c.t
 	const files = 200
-	files0 := map[string]string{"c/r-0": "renamed file\n"}
-	for i := 0; i < files; i++ {
-		files0[fmt.Sprintf("c/f%03d", i)] = commitContent(0, i)
-	}
-	for j := 0; j < 10; j++ {
-		files0[fmt.Sprintf("c/d-0/x%02d", j)] = commitContent(0, 1000+j)
-	}
+	files0 := commitTree(files)
 	c.m = mountStagefs(t, withFiles(files0))
 	m := c.m
 	forkEst, mergeEst := 100*time.Millisecond, 300*time.Millisecond
