@@ -22,7 +22,10 @@ func forkView(t *testing.T, e *Engine) map[string]string {
 	walk = func(p string) {
 		st, err := e.Stat(p)
 		require.NoError(t, err, "stat %q", p)
-		desc := fmt.Sprintf("mode %o ino %d uid %d nlink %d", st.Mode, st.Ino, st.Uid, st.Nlink)
+		desc := fmt.Sprintf("mode %o ino %d owner %d:%d nlink %d", st.Mode, st.Ino, st.Uid, st.Gid, st.Nlink)
+		if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+			desc += fmt.Sprintf(" mtime %d", st.Mtim.Nano())
+		}
 		switch st.Mode & syscall.S_IFMT {
 		case syscall.S_IFDIR:
 			ents, err := e.ReadDir(p)
@@ -79,6 +82,13 @@ func TestForkIsAnIndependentEqualPendingSet(t *testing.T) {
 	_, err = e.Link("n/f", "n/f2", c)
 	require.NoError(t, err)
 	_, err = e.Mknod("fifo", syscall.S_IFIFO|0o644, 0, c)
+	require.NoError(t, err)
+	// Another owner and old times, which the copy must carry over.
+	uid, gid := uint32(1234), uint32(5678)
+	_, err = e.Setattr("n/f", -1, SetAttr{Uid: &uid, Gid: &gid}, c)
+	require.NoError(t, err)
+	old := unix.Timespec{Sec: 1_000_000_000, Nsec: 42}
+	_, err = e.Setattr("d/b.txt", -1, SetAttr{Atime: &old, Mtime: &old}, c)
 	require.NoError(t, err)
 
 	want := forkView(t, e)
