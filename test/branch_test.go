@@ -368,3 +368,34 @@ func TestBranchMergeRightAfterAWrite(t *testing.T) {
 	assertFile(t, m.in("f.txt"), "15\n")
 	assertFile(t, m.inWS("f.txt"), "0\n")
 }
+
+// --branch picks the branch however the daemon is found: here from the
+// workspace's own directory, with no -m and no STAGEFS_SOCKET, as the
+// README runs the client. It once fell back to the main view there:
+// a run wrote into main, and commit --branch committed main's changes to
+// the workspace.
+func TestBranchFlagFromTheWorkspaceDirectory(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "f\n"}))
+	m.mustCLI("branch", "b")
+	inWS := func(args ...string) result {
+		return runIn(t, cmdSpec{dir: m.ws}, stagefsBin, args...)
+	}
+	if r := inWS("run", "--branch", "b", "--", "sh", "-c", "echo agent-b > br.txt"); r.code != 0 {
+		t.Fatal(r)
+	}
+	if r := inWS("status", "--branch", "b"); r.code != 0 || !strings.Contains(r.stdout, "br.txt") {
+		t.Fatalf("the branch's status from the workspace: %s", r)
+	}
+	if r := inWS("status"); r.code != 0 || strings.Contains(r.stdout, "br.txt") {
+		t.Fatalf("the main view's status shows the branch's write: %s", r)
+	}
+	assertMissing(t, m.in("br.txt"))
+	if r := inWS("commit", "--branch", "b"); r.code == 0 {
+		t.Fatalf("commit --branch was not refused: %s", r)
+	}
+	assertMissing(t, m.inWS("br.txt"))
+	if r := inWS("status", "--branch", "nosuch"); r.code == 0 || !strings.Contains(r.stderr, "no branch") {
+		t.Fatalf("an unknown branch: %s", r)
+	}
+}

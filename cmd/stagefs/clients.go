@@ -81,6 +81,17 @@ func (cf *clientFlags) findSocket() (string, error) {
 // holding the current directory, or the daemon whose workspace holds it
 // (clients are as often run from the workspace as from the mount).
 func (cf *clientFlags) dial() (*control.Client, error) {
+	c, err := cf.dialView()
+	if err != nil || cf.branch == "" {
+		return c, err
+	}
+	// However the daemon was found, --branch then picks the view.
+	return dialBranch(c, cf.branch)
+}
+
+// dialView connects to the daemon of the view the flags, the environment
+// or the current directory name (the main view, for a workspace path).
+func (cf *clientFlags) dialView() (*control.Client, error) {
 	sock, err := cf.findSocket()
 	if err != nil {
 		var nd *noDaemonError
@@ -100,10 +111,7 @@ func (cf *clientFlags) dial() (*control.Client, error) {
 	if err != nil {
 		return nil, &noDaemonError{fmt.Errorf("%w; if the daemon was killed or the machine restarted, mount again (stagefs mount WORKSPACE MOUNTPOINT): nothing staged is lost", err)}
 	}
-	if cf.branch == "" {
-		return c, nil
-	}
-	return dialBranch(c, cf.branch)
+	return c, nil
 }
 
 // dialBranch connects to the socket of branch name of the mount c serves
