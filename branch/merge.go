@@ -581,14 +581,52 @@ func apply(b, p *overlay.Engine, c change) error {
 				return err
 			}
 		}
+		// Not its times: entries merged into it later change them.
+		if err := carryOwnerAndTimes(b, p, c.path, false); err != nil {
+			return err
+		}
 		return chmod(p, c.path, c.branch.mode)
 	case "symlink":
 		_, err := p.Symlink(c.branch.target, c.path, ownerOf(b, c.path))
 		return err
 	case "file":
-		return copyFile(b, p, c.path, c.branch.mode, c.branch.size, c.parent.kind == "file")
+		if err := copyFile(b, p, c.path, c.branch.mode, c.branch.size, c.parent.kind == "file"); err != nil {
+			return err
+		}
+		// The owner before the mode: a chown clears set-id bits.
+		if err := carryOwnerAndTimes(b, p, c.path, true); err != nil {
+			return err
+		}
+		return chmod(p, c.path, c.branch.mode)
 	}
 	return fmt.Errorf("a %s is not merged", c.branch.kind)
+}
+
+// carryOwnerAndTimes gives path in the parent the owner the branch's has
+// and, with times, its access and modification times: a merged build
+// output or an extracted tree keeps what make or tar rely on.
+func carryOwnerAndTimes(b, p *overlay.Engine, path string, times bool) error {
+	bst, err := b.Stat(path)
+	if err != nil {
+		return err
+	}
+	pst, err := p.Stat(path)
+	if err != nil {
+		return err
+	}
+	var a overlay.SetAttr
+	if pst.Uid != bst.Uid || pst.Gid != bst.Gid {
+		a.Uid, a.Gid = &bst.Uid, &bst.Gid
+	}
+	if times && (pst.Mtim != bst.Mtim || pst.Atim != bst.Atim) {
+		atime, mtime := unix.Timespec(bst.Atim), unix.Timespec(bst.Mtim)
+		a.Atime, a.Mtime = &atime, &mtime
+	}
+	if a == (overlay.SetAttr{}) {
+		return nil
+	}
+	_, err = p.Setattr(path, -1, a, mergeCaller)
+	return err
 }
 
 // copyFile writes the branch's file p into the parent.
@@ -609,10 +647,7 @@ func copyFile(b, p *overlay.Engine, path string, mode uint32, size int64, exists
 	}
 	_, err = fdio.Copy(src.Fd, dst.Fd, size)
 	p.Release(path, dst, mergeCaller)
-	if err != nil {
-		return err
-	}
-	return chmod(p, path, mode)
+	return err
 }
 
 // ownerOf is the merge's caller for making path in the parent: owned as

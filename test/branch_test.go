@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -397,5 +398,39 @@ func TestBranchFlagFromTheWorkspaceDirectory(t *testing.T) {
 	assertMissing(t, m.inWS("br.txt"))
 	if r := inWS("status", "--branch", "nosuch"); r.code == 0 || !strings.Contains(r.stderr, "no branch") {
 		t.Fatalf("an unknown branch: %s", r)
+	}
+}
+
+// A merge carries the branch's owners and file times into the parent, as
+// docs/branches.md says: make and tar rely on them.
+func TestBranchMergeCarriesOwnersAndTimes(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "f\n", "src/a.c": "int a;\n"}))
+	m.mustCLI("branch", "b")
+	if r := m.runInBranch("b", `echo new > n.txt; touch -d 2001-02-03T04:05:06 n.txt
+echo more >> f.txt; touch -d 2002-01-01 f.txt
+echo e >> src/a.c; chown 1234:2345 src/a.c
+mkdir d; chown 4321:5432 d; echo in > d/x; touch -d 2003-03-03 d/x`); r.code != 0 {
+		t.Fatal(r)
+	}
+	res, r := m.merge("b")
+	if r.code != 0 || len(res.Conflicts)+len(res.Failed) > 0 {
+		t.Fatalf("merge: %s", r)
+	}
+	branchView := filepath.Join(m.state, "branches", "b", "mnt")
+	for _, p := range []string{"n.txt", "f.txt", "src/a.c", "d", "d/x"} {
+		var want, got syscall.Stat_t
+		if err := syscall.Lstat(filepath.Join(branchView, p), &want); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Lstat(m.in(p), &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Uid != want.Uid || got.Gid != want.Gid || got.Mode != want.Mode {
+			t.Errorf("%s: owner %d:%d mode %o in the parent, %d:%d %o in the branch", p, got.Uid, got.Gid, got.Mode, want.Uid, want.Gid, want.Mode)
+		}
+		if want.Mode&syscall.S_IFMT != syscall.S_IFDIR && got.Mtim != want.Mtim {
+			t.Errorf("%s: mtime %v in the parent, %v in the branch", p, time.Unix(got.Mtim.Unix()), time.Unix(want.Mtim.Unix()))
+		}
 	}
 }
