@@ -258,6 +258,16 @@ func (m *Manager) mergeLocked(r *record, in overlay.MergeIntent) (control.MergeR
 // under oldp since the fork is a conflict.
 func (m *Manager) plan(bv, pv *View, entries []snapshot.Entry, uncaptured []string, in overlay.MergeIntent, res *control.MergeResult) (out []change, keep func(i int, done map[string]bool) bool) {
 	pl := &planner{bv: bv, pv: pv, res: res, seen: map[string]bool{}, selected: func(p string) bool { return selected(p, in.Paths) }}
+	// A tree is touched by the selection when a selected path is in it or
+	// above it.
+	pl.touches = func(dir string) bool {
+		for _, q := range in.Paths {
+			if under(q, dir) || !in.Exact && under(dir, q) {
+				return true
+			}
+		}
+		return len(in.Paths) == 0
+	}
 	if in.Exact {
 		exact := map[string]bool{}
 		for _, p := range in.Paths {
@@ -308,11 +318,12 @@ func (m *Manager) plan(bv, pv *View, entries []snapshot.Entry, uncaptured []stri
 // planner collects a merge's changes, each path once.
 type planner struct {
 	bv, pv *View
-	// selected says whether a path is one the merge was asked for.
-	selected func(p string) bool
-	res      *control.MergeResult
-	seen     map[string]bool
-	out      []change
+	// selected says whether a path is one the merge was asked for;
+	// touches whether one of those is in or above the tree at p.
+	selected, touches func(p string) bool
+	res               *control.MergeResult
+	seen              map[string]bool
+	out               []change
 }
 
 // add plans the path p, whose version at the fork was fork, unless it is
@@ -345,9 +356,14 @@ func (pl *planner) add(p string, fork version, unknown bool, rename int, gone bo
 // rename plans the directory rename mv (entry k): everything under
 // mv.From removed, everything under mv.Path new.
 func (pl *planner) rename(k int, mv snapshot.Entry, fork map[string]version, failed bool) {
-	if !pl.selected(mv.Path) && !pl.selected(mv.From) {
+	if !pl.touches(mv.Path) && !pl.touches(mv.From) {
 		return
 	}
+	// A rename merges whole or not at all: a path selected in it selects
+	// all of it, the old name's removal with the new name's entries.
+	only := pl.selected
+	pl.selected = func(string) bool { return true }
+	defer func() { pl.selected = only }()
 	if failed {
 		pl.res.Failed = append(pl.res.Failed, control.Failure{Path: mv.Path, Reason: fmt.Sprintf("the branch renamed %s to %s, and renamed within or over it too: this is not merged; merge the other paths, or copy it in the branch instead", mv.From, mv.Path)})
 		pl.seen[mv.Path], pl.seen[mv.From] = true, true

@@ -434,3 +434,29 @@ mkdir d; chown 4321:5432 d; echo in > d/x; touch -d 2003-03-03 d/x`); r.code != 
 		}
 	}
 }
+
+// A directory rename merges whole when the merge names any part of it:
+// the new name, the old one or a path inside. Naming only the new name
+// once merged its entries and forgot the old name's removal.
+func TestBranchRenameMergesWholeWhenNamedInPart(t *testing.T) {
+	parallel(t)
+	for _, only := range []string{"guide", "docs", "guide/a.md"} {
+		t.Run(only, func(t *testing.T) {
+			m := mountStagefs(t, withFiles(map[string]string{"docs/a.md": "# a\n", "docs/sub/b.md": "# b\n", "keep.txt": "keep\n"}))
+			m.mustCLI("branch", "r")
+			if r := m.runInBranch("r", "mv docs guide && echo more >> guide/a.md"); r.code != 0 {
+				t.Fatal(r)
+			}
+			res, r := m.merge("r", only)
+			if r.code != 0 || len(res.Conflicts)+len(res.Failed) > 0 {
+				t.Fatalf("merge r %s: %s", only, r)
+			}
+			assertMissing(t, m.in("docs"))
+			assertFile(t, m.in("guide/a.md"), "# a\nmore\n")
+			assertFile(t, m.in("guide/sub/b.md"), "# b\n")
+			if res, r := m.merge("r"); r.code != 0 || len(res.Merged)+len(res.Conflicts)+len(res.Failed) > 0 {
+				t.Fatalf("a second merge found more: %s", r)
+			}
+		})
+	}
+}
