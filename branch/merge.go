@@ -183,7 +183,7 @@ func (m *Manager) mergeLocked(r *record, in overlay.MergeIntent) (control.MergeR
 		case (c.unknown || !c.parent.same(c.fork)) && !in.Force:
 			fork := c.fork.String()
 			if c.unknown {
-				fork = "not captured (the snapshot store was full)"
+				fork = "not captured (the snapshot store was full, or the path matches --no-capture)"
 			}
 			res.Conflicts = append(res.Conflicts, control.MergeConflict{Path: c.path, Fork: fork, Branch: c.branch.String(), Parent: c.parent.String()})
 			if c.rename >= 0 {

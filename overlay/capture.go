@@ -44,6 +44,7 @@ func (e *Engine) capture(c Caller, paths ...string) error {
 	}
 	for _, p := range paths {
 		if e.noCapture(p) {
+			e.markForkPoints(open, p)
 			continue
 		}
 		var pre *snapshot.Entry
@@ -80,6 +81,22 @@ func (e *Engine) capture(c Caller, paths ...string) error {
 		}
 	}
 	return nil
+}
+
+// markForkPoints notes, in each open branch fork point (every process of
+// the branch is the branch's), that the path p, which --no-capture keeps
+// out of snapshots, changed: without a note a merge would never carry the
+// change back; with one it is a path whose pre-image is unknown, a
+// conflict unless the merge is forced.
+func (e *Engine) markForkPoints(open []snapshot.Info, p string) {
+	for _, s := range open {
+		if !IsForkScope(s.ScopeID) || e.snaps.Has(s.ScopeID, p) || e.snaps.IsUncaptured(s.ScopeID, p) {
+			continue
+		}
+		if err := e.snaps.MarkUncaptured(s.ScopeID, p); err != nil {
+			e.logf("mark %s changed in %s: %v", p, s.ScopeID, err)
+		}
+	}
 }
 
 // covers reports whether the open snapshot s captures the mutations of

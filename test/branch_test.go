@@ -460,3 +460,28 @@ func TestBranchRenameMergesWholeWhenNamedInPart(t *testing.T) {
 		})
 	}
 }
+
+// A path --no-capture keeps out of snapshots still merges: the branch's
+// fork point notes it changed, without its pre-image, so the merge holds
+// it as a conflict and --force takes it. It was once never merged at all.
+func TestBranchMergesNoCapturePaths(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "f\n", "keep.bin": "old\n"}), withMountFlags("--no-capture", "*.bin"))
+	m.mustCLI("branch", "b")
+	if r := m.runInBranch("b", "echo new > new.bin; echo changed > keep.bin; echo b >> f.txt"); r.code != 0 {
+		t.Fatal(r)
+	}
+	res, r := m.merge("b")
+	if r.code != 3 || len(res.Conflicts) != 2 {
+		t.Fatalf("merge: want the two .bin files in conflict (exit 3): %s", r)
+	}
+	assertFile(t, m.in("f.txt"), "f\nb\n")
+	assertMissing(t, m.in("new.bin"))
+	assertFile(t, m.in("keep.bin"), "old\n")
+	if res, r := m.merge("b", "--force"); r.code != 0 || len(res.Conflicts)+len(res.Failed) > 0 {
+		t.Fatalf("forced merge: %s", r)
+	}
+	assertFile(t, m.in("new.bin"), "new\n")
+	assertFile(t, m.in("keep.bin"), "changed\n")
+	assertFile(t, m.inWS("keep.bin"), "old\n")
+}
