@@ -54,7 +54,11 @@ func (m *Manager) BranchDiff(ctx context.Context, p control.BranchDiffParams) (c
 			continue
 		}
 		var old side
-		if p.Against != "" {
+		if p.Against != "" || c.unknown {
+			// A path whose version at the fork was not kept (the store
+			// was full, or --no-capture) is shown against the parent's
+			// version now: a "new file" patch that git apply would
+			// refuse says less.
 			old, err = viewSide(pv.Engine, c.path)
 		} else {
 			old, err = forkSide(bv, c.fork)

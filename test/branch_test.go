@@ -471,6 +471,10 @@ func TestBranchMergesNoCapturePaths(t *testing.T) {
 	if r := m.runInBranch("b", "echo new > new.bin; echo changed > keep.bin; echo b >> f.txt"); r.code != 0 {
 		t.Fatal(r)
 	}
+	// The diff shows keep.bin against the parent's version (its version
+	// at the fork is not known), so git apply takes it on the workspace.
+	diff := m.mustCLI("diff", "--branch", "b", "--color", "never")
+	sh(t, m.base, "rm -rf check && cp -r ws check && cd check && git apply - <<'EOF'\n"+diff+"EOF\ncat keep.bin new.bin f.txt")
 	res, r := m.merge("b")
 	if r.code != 3 || len(res.Conflicts) != 2 {
 		t.Fatalf("merge: want the two .bin files in conflict (exit 3): %s", r)
