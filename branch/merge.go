@@ -113,6 +113,10 @@ type change struct {
 	// rename removes it, though the branch never had it.
 	rename int
 	gone   bool
+	// removedDir is a directory above the path that the branch kept as
+	// it was at the fork and the parent removed since: putting the path
+	// there would bring it back.
+	removedDir string
 }
 
 // Merge applies what branch p.Name changed since its fork point to its
@@ -142,9 +146,32 @@ func (m *Manager) Merge(ctx context.Context, p control.MergeParams) (control.Mer
 	}
 	res, err := m.mergeLocked(r, overlay.MergeIntent{Branch: p.Name, Paths: paths, Force: p.Force})
 	if pv, _ := m.viewLocked(r.Parent); pv != nil && pv.Invalidate != nil && len(res.Merged) > 0 {
-		pv.Invalidate(res.Merged)
+		pv.Invalidate(withAncestors(res.Merged))
 	}
 	return res, err
+}
+
+// withAncestors returns paths with every directory above them, each once:
+// a merge may make the directories a path goes in (makeParents), and the
+// kernel may hold their names as absent.
+func withAncestors(paths []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, p := range paths {
+		for dir := p; dir != ""; {
+			if seen[dir] {
+				break
+			}
+			seen[dir] = true
+			out = append(out, dir)
+			i := strings.LastIndexByte(dir, '/')
+			if i < 0 {
+				break
+			}
+			dir = dir[:i]
+		}
+	}
+	return out
 }
 
 // mergeLocked merges the branch r into its parent: plans, journals the
@@ -180,12 +207,16 @@ func (m *Manager) mergeLocked(r *record, in overlay.MergeIntent) (control.MergeR
 		case c.parent.same(c.branch):
 			done[c.path] = true
 			res.Merged = append(res.Merged, c.path)
-		case (c.unknown || !c.parent.same(c.fork)) && !in.Force:
+		case (c.unknown || !c.parent.same(c.fork) || c.removedDir != "") && !in.Force:
 			fork := c.fork.String()
 			if c.unknown {
 				fork = "not captured (the snapshot store was full, or the path matches --no-capture)"
 			}
-			res.Conflicts = append(res.Conflicts, control.MergeConflict{Path: c.path, Fork: fork, Branch: c.branch.String(), Parent: c.parent.String()})
+			parent := c.parent.String()
+			if c.removedDir != "" && c.parent.kind == "absent" {
+				parent = "absent: " + c.removedDir + " was removed since the fork"
+			}
+			res.Conflicts = append(res.Conflicts, control.MergeConflict{Path: c.path, Fork: fork, Branch: c.branch.String(), Parent: parent})
 			if c.rename >= 0 {
 				held[c.rename] = true
 			}
@@ -289,6 +320,7 @@ func (m *Manager) plan(bv, pv *View, entries []snapshot.Entry, uncaptured []stri
 	for _, k := range rn.moves {
 		pl.rename(k, entries[k], fork, rn.failed[k])
 	}
+	pl.fork = fork
 	for i, e := range entries {
 		if e.Kind != snapshot.KindMoved && rn.group[i] < 0 {
 			pl.add(rn.final[i], entryVersion(e), false, -1, false)
@@ -324,6 +356,8 @@ type planner struct {
 	res               *control.MergeResult
 	seen              map[string]bool
 	out               []change
+	// fork holds the fork point's version of each path it captured.
+	fork map[string]version
 }
 
 // add plans the path p, whose version at the fork was fork, unless it is
@@ -350,7 +384,29 @@ func (pl *planner) add(p string, fork version, unknown bool, rename int, gone bo
 	if fork.kind == "dir" && fork.mode == anyMode {
 		fork.mode = pa.mode // rebuilt: its mode is not known, and not compared
 	}
-	pl.out = append(pl.out, change{path: p, fork: fork, branch: b, parent: pa, unknown: unknown, rename: rename, gone: gone})
+	c := change{path: p, fork: fork, branch: b, parent: pa, unknown: unknown, rename: rename, gone: gone}
+	if rename < 0 && b.kind != "absent" {
+		c.removedDir = pl.removedAbove(p)
+	}
+	pl.out = append(pl.out, c)
+}
+
+// removedAbove returns the shallowest directory above p that the parent's
+// view lacks though the branch never changed it (the fork point did not
+// capture it): the parent removed it since the fork. "" when there is
+// none.
+func (pl *planner) removedAbove(p string) string {
+	dir := ""
+	for _, name := range strings.Split(p, "/")[:strings.Count(p, "/")] {
+		dir = joinPath(dir, name)
+		if _, captured := pl.fork[dir]; captured {
+			return "" // the branch made or changed it: what is below is the branch's too
+		}
+		if _, err := pl.pv.Engine.Stat(dir); errors.Is(err, syscall.ENOENT) {
+			return dir
+		}
+	}
+	return ""
 }
 
 // rename plans the directory rename mv (entry k): everything under

@@ -489,3 +489,26 @@ func TestBranchMergesNoCapturePaths(t *testing.T) {
 	assertFile(t, m.in("keep.bin"), "changed\n")
 	assertFile(t, m.inWS("keep.bin"), "old\n")
 }
+
+// A file the branch adds under a directory the parent removed since the
+// fork is a conflict: merging it would bring the directory back. --force
+// does.
+func TestBranchMergeIntoADirectoryTheParentRemoved(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"src/a.c": "a\n", "src/sub/z.c": "z\n"}))
+	m.mustCLI("branch", "b")
+	if r := m.runInBranch("b", "echo new > src/sub/new.c; mkdir made; echo m > made/m.c"); r.code != 0 {
+		t.Fatal(r)
+	}
+	sh(t, m.mnt, "rm -rf src")
+	res, r := m.merge("b")
+	if r.code != 3 || len(res.Conflicts) != 1 || res.Conflicts[0].Path != "src/sub/new.c" || !strings.Contains(res.Conflicts[0].Parent, "src was removed") {
+		t.Fatalf("merge: want src/sub/new.c in conflict: %s", r)
+	}
+	assertMissing(t, m.in("src"))
+	assertFile(t, m.in("made/m.c"), "m\n") // a directory the branch made merges as ever
+	if res, r := m.merge("b", "--force"); r.code != 0 || len(res.Conflicts)+len(res.Failed) > 0 || len(res.Merged) == 0 {
+		t.Fatalf("forced merge: %s", r)
+	}
+	assertFile(t, m.in("src/sub/new.c"), "new\n")
+}
