@@ -1424,7 +1424,10 @@ func (e *Engine) baseHolds(p string, st *syscall.Stat_t, m *meta, ust *syscall.S
 	}
 	switch m.Kind {
 	case KindSymlink:
-		if st.Mode&syscall.S_IFMT != syscall.S_IFLNK {
+		// As for a file: the very link the baseline recorded is not a
+		// committed change, even with the same target (a chown -h or
+		// touch -h changed only its owner or times).
+		if st.Mode&syscall.S_IFMT != syscall.S_IFLNK || m.Base.matches(st) {
 			return false
 		}
 		a, err1 := e.base.readlink(p)
