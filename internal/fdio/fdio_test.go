@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 )
 
@@ -77,5 +78,67 @@ func TestCopyFallsBack(t *testing.T) {
 	defer f.Close()
 	if got := copyOf(t, f, 0); len(got) != 0 {
 		t.Fatalf("an empty file copied as %d bytes", len(got))
+	}
+}
+
+// A sparse file copies as its data: the holes stay holes (a 1 GiB file
+// made by truncate does not become a gigabyte on disk), the bytes read
+// the same, and the copy ends where the source does, hole or not.
+func TestCopyKeepsHoles(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "src")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 1 << 30
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	// Data at the start, in the middle and near the end; a hole last.
+	for _, off := range []int64{0, 300 << 20, size - (5 << 20)} {
+		if _, err := f.WriteAt([]byte("data at "+string(rune('a'+off%26))), off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Close()
+	src, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(src.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Blocks*512 >= size {
+		t.Skip("this file system does not keep holes")
+	}
+	dst, err := os.Create(filepath.Join(dir, "dst"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Close()
+	n, err := Copy(int(src.Fd()), int(dst.Fd()), size)
+	if err != nil || n != size {
+		t.Fatalf("Copy: %d bytes, %v", n, err)
+	}
+	var dt syscall.Stat_t
+	if err := syscall.Fstat(int(dst.Fd()), &dt); err != nil {
+		t.Fatal(err)
+	}
+	if dt.Size != size || dt.Blocks*512 > 1<<20 {
+		t.Fatalf("the copy is %d bytes in %d KiB of disk, want %d bytes in at most 1 MiB", dt.Size, dt.Blocks/2, size)
+	}
+	for _, off := range []int64{0, 300 << 20, size - (5 << 20), 7, size - 1} {
+		a, b := make([]byte, 16), make([]byte, 16)
+		src.ReadAt(a, off)
+		dst.ReadAt(b, off)
+		if !bytes.Equal(a, b) {
+			t.Fatalf("at %d: %q, want %q", off, b, a)
+		}
+	}
+	if off, _ := dst.Seek(0, io.SeekCurrent); off != size {
+		t.Fatalf("the copy's offset is %d, want its end %d", off, size)
 	}
 }
