@@ -653,7 +653,55 @@ func (e *Engine) planRollback(turnID string, only []string, force bool) (*rollba
 			plan.conflicts = append(plan.conflicts, Conflict{Path: p, Reason: "changed after the turn by someone else", Expected: describe(post), Actual: describe(now)})
 		}
 	}
+	plan.conflicts = append(plan.conflicts, heldMoves(plan)...)
 	return plan, nil
+}
+
+// heldMoves keeps whole the directory moves that hold a conflict. A move
+// rolls back whole or not at all: moving it back would replace what is
+// kept at or below its old name, and rolling back only the rest would
+// remove its new name with what it holds. Every path at or below either
+// name becomes a conflict too (moves within a held one are held in turn).
+func heldMoves(plan *rollbackPlan) []Conflict {
+	held := map[string]bool{}
+	for _, c := range plan.conflicts {
+		held[c.Path] = true
+	}
+	var out []Conflict
+	hold := func(p, reason string) {
+		if !held[p] {
+			held[p] = true
+			out = append(out, Conflict{Path: p, Reason: reason})
+		}
+	}
+	for again := true; again; {
+		again = false
+		for _, m := range plan.moves {
+			if held[m.Path] && held[m.From] {
+				continue
+			}
+			cause := ""
+			for p := range held {
+				if isUnder(p, m.Path) || isUnder(p, m.From) {
+					cause = p
+					break
+				}
+			}
+			if cause == "" {
+				continue
+			}
+			reason := fmt.Sprintf("in the move of %s to %s, which is kept whole: %s is a conflict", m.From, m.Path, cause)
+			hold(m.Path, reason)
+			hold(m.From, reason)
+			for _, p := range plan.paths {
+				if isUnder(p, m.Path) || isUnder(p, m.From) {
+					hold(p, reason)
+				}
+			}
+			again = true
+		}
+	}
+	return out
 }
 
 // within reports whether p is at or below one of the paths (all when none).

@@ -837,3 +837,41 @@ func TestTurnsWorkspaceEditsImmediate(t *testing.T) {
 	assertFileSoon(t, m.in("a.txt"), "a1\n")
 	assertFile(t, m.inWS("b.txt"), "user\n")
 }
+
+// A turn moved a directory away and made a new one at its name; the user
+// then put work in the workspace under that name. The move rolls back
+// whole or not at all: a rollback once skipped moving the directory back
+// (its name held a conflict) yet removed it at its new name, with the
+// workspace files it held, and once moved it back over a user's edit it
+// had reported as kept. Immediate mode: the losses were the workspace's.
+func TestTurnsRollbackKeepsAConflictedMoveWhole(t *testing.T) {
+	parallel(t)
+	for _, c := range []struct{ name, turn, user, kept string }{
+		{"a new file in the new directory", "mv d e; mkdir d", "echo mine > d/notes", "d/notes"},
+		{"an edit of a file the turn made there", "mv d e; mkdir d; echo generated > d/z", "echo 'USER EDIT' > d/z", "d/z"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m := mountStagefs(t, withFiles(map[string]string{"d/f1": "precious1\n", "d/f2": "precious2\n"}), withMountFlags("--mode", "immediate"))
+			m.startTurn("t1", "move d")
+			sh(t, m.mnt, c.turn)
+			m.startTurn("t2", "")
+			sh(t, m.ws, c.user)
+			userFile := readFile(t, m.inWS(c.kept))
+			res, r := m.rollbackJSON("t1")
+			if r.code != 3 || len(res.Conflicts) == 0 {
+				t.Fatalf("rollback t1: want conflicts (exit 3): %s", r)
+			}
+			// Nothing of the move is undone: the user's file and the
+			// moved files are where they were.
+			assertFile(t, m.inWS(c.kept), userFile)
+			assertFile(t, m.inWS("e/f1"), "precious1\n")
+			assertFile(t, m.inWS("e/f2"), "precious2\n")
+			// --force takes the rollback through.
+			if res, r := m.rollbackJSON("t1", "--force"); r.code != 0 || len(res.Failed) != 0 {
+				t.Fatalf("rollback t1 --force: %s", r)
+			}
+			assertFile(t, m.inWS("d/f1"), "precious1\n")
+			assertMissing(t, m.inWS("e"))
+		})
+	}
+}
