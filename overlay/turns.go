@@ -843,6 +843,25 @@ func (e *Engine) captureRedo(scope, turn string, paths []string, moves []snapsho
 	sort.SliceStable(byDepth, func(i, j int) bool { return depth(byDepth[i]) < depth(byDepth[j]) })
 	e.rlock()
 	defer e.runlock()
+	have := map[string]bool{}
+	for _, p := range byDepth {
+		have[p] = true
+	}
+	// What a moved directory holds now, under its current names: the
+	// turns captured their changes in it under the names from before the
+	// move, so these are the only record of an edit or a new file there.
+	// Redo moves the directory again first, then puts them back.
+	for _, m := range moves {
+		if skip[m.Path] || skip[m.From] {
+			continue
+		}
+		e.walkTree(m.Path, func(q string) {
+			if !have[q] {
+				have[q] = true
+				byDepth = append(byDepth, q)
+			}
+		})
+	}
 	for _, p := range byDepth {
 		pre, err := e.preImage(p)
 		if err != nil {
@@ -946,6 +965,31 @@ func (e *Engine) RollbackDiff(turnID string, paths []string, force bool) ([]unid
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out, plan.conflicts, nil
+}
+
+// walkTree calls fn for p and everything below it in the view, parents
+// first (nothing when p does not exist). Called with the engine's lock
+// held.
+func (e *Engine) walkTree(p string, fn func(string)) {
+	l, err := e.locate(p)
+	if err != nil {
+		return
+	}
+	st, err := e.statLoc(p, l)
+	if err != nil {
+		return
+	}
+	fn(p)
+	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		return
+	}
+	ents, err := e.readDirLocked(p)
+	if err != nil {
+		return
+	}
+	for _, d := range ents {
+		e.walkTree(joinPath(p, d.Name), fn)
+	}
 }
 
 // walkView calls fn for every file and symlink at or below p in the view.

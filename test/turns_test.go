@@ -875,3 +875,31 @@ func TestTurnsRollbackKeepsAConflictedMoveWhole(t *testing.T) {
 		})
 	}
 }
+
+// Redo after a rollback of a turn that moved directories brings back what
+// the turn did inside them: an edit before the move, and a directory it
+// made, filled and renamed. Redo once moved the directories again but
+// put back only the state from before the turn inside them.
+func TestTurnsRedoRestoresInsideMovedDirectories(t *testing.T) {
+	parallel(t)
+	for _, mode := range []string{"staged", "immediate"} {
+		t.Run(mode, func(t *testing.T) { redoInsideMovedDirectories(t, mode) })
+	}
+}
+
+func redoInsideMovedDirectories(t *testing.T, mode string) {
+	m := mountStagefs(t, withFiles(map[string]string{"d/a": "a\n", "d/keep": "k\n"}), withMountFlags("--mode", mode))
+	m.startTurn("t1", "move things")
+	sh(t, m.mnt, "echo a2 > d/a; mv d e; mkdir x; echo important > x/f; mv x y")
+	after := snapshot(t, m.mnt)
+	m.mustRollback("t1")
+	assertFile(t, m.in("d/a"), "a\n")
+	assertMissing(t, m.in("y"))
+	if res := m.mustRedo(); len(res.Conflicts)+len(res.Failed) != 0 {
+		t.Fatalf("redo: %+v", res)
+	}
+	assertFile(t, m.in("e/a"), "a2\n")
+	assertFile(t, m.in("y/f"), "important\n")
+	assertMissing(t, m.in("d"))
+	assertTreeHash(t, "mount after rollback and redo", after, snapshot(t, m.mnt))
+}
