@@ -133,6 +133,10 @@ type commitRun struct {
 	linked   map[uint64]string // upper inode -> base path that already holds it (hard links)
 	failed   map[string]bool   // paths that did not commit; their descendants wait
 
+	// byBaseIno: the pending entries staged against each workspace
+	// file, by inode (followLinkCtime); nil until needed.
+	byBaseIno map[uint64][]string
+
 	movedAway map[string]bool         // workspace paths a directory rename of this commit emptied
 	dirsMade  map[string]bool         // directories applyDir has made or updated in this commit
 	pending   []preparedFile          // files written under temporary names
@@ -986,7 +990,7 @@ func (r *commitRun) deleteMovedDir(p string, m *meta) error {
 func (r *commitRun) removeBase(p string, st *syscall.Stat_t) error {
 	dir, _ := splitPath(p)
 	r.syncDir[dir] = true
-	return r.e.base.withParent(p, func(dirfd int, name string) error {
+	err := r.e.base.withParent(p, func(dirfd int, name string) error {
 		if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
 			err := rmdirAt(dirfd, name)
 			if err == unix.ENOTEMPTY || err == unix.EEXIST {
@@ -996,6 +1000,43 @@ func (r *commitRun) removeBase(p string, st *syscall.Stat_t) error {
 		}
 		return unix.Unlinkat(dirfd, name, 0)
 	})
+	if err == nil && st.Nlink > 1 && st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		r.followLinkCtime(p, st)
+	}
+	return err
+}
+
+// followLinkCtime keeps the other names of the workspace file st, which
+// this commit just unlinked at p, committable: the unlink moved the file's
+// ctime, which their staged changes' baselines record, and every later
+// commit of them would find the file "changed since it was staged". A
+// baseline that still matched the file before the unlink is moved to its
+// new ctime; one that did not stays a conflict.
+func (r *commitRun) followLinkCtime(p string, st *syscall.Stat_t) {
+	e := r.e
+	if r.byBaseIno == nil {
+		r.byBaseIno = map[uint64][]string{}
+		for q, m := range e.index {
+			if m.Base.Exists && m.Base.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+				r.byBaseIno[m.Base.Ino] = append(r.byBaseIno[m.Base.Ino], q)
+			}
+		}
+	}
+	for _, q := range r.byBaseIno[st.Ino] {
+		m := e.index[q]
+		if q == p || m == nil || !m.Base.matches(st) {
+			continue
+		}
+		now, err := e.base.lstat(q)
+		if err != nil || now.Ino != st.Ino || now.Size != st.Size || now.Mtim != st.Mtim {
+			continue
+		}
+		nm := *m
+		nm.Base.Ctime = now.Ctim.Nano()
+		if e.writeMeta(q, &nm) == nil {
+			*m = nm
+		}
+	}
 }
 
 // deletedRedirectBase maps p to the workspace path it deletes: p itself,
