@@ -77,6 +77,8 @@ func (e *Engine) ensureUpperDir(p string) error {
 		return syscall.ENOTDIR
 	}
 	m := &meta{Kind: KindDir, Container: true, Ino: e.baseIno(st), Base: baselineOf(st), Time: time.Now().UnixNano()}
+	restoreTimes := e.keepDirTimes(dir)
+	defer restoreTimes()
 	err = e.upper.withParent(p, func(dirfd int, _ string) error {
 		if err := unix.Mkdirat(dirfd, name, st.Mode&0o7777); err != nil {
 			return err
@@ -225,15 +227,47 @@ func (e *Engine) copyUpFrom(p string, l loc, bst *syscall.Stat_t, why copyFor, c
 	if err := e.finishUpper(dst, p, &fst, m); err != nil {
 		return nil, err
 	}
+	restoreTimes := e.keepDirTimes(dir)
 	if err := e.upper.withParent(p, func(dirfd int, _ string) error {
 		return renameFileAt(e.workFd, tmp, dirfd, name, unix.RENAME_NOREPLACE)
 	}); err != nil {
 		return nil, err
 	}
+	restoreTimes()
 	ok = true
 	e.setEntry(p, m)
 	e.copyGen.Add(1)
 	return m, nil
+}
+
+// keepDirTimes returns a function that gives the upper directory dir back
+// the times it has now, when dir only mirrors a workspace directory (a
+// container, or the root): a copy-up adds a name to it, which moves its
+// mtime, while the view gained no entry there, and a local disk keeps a
+// directory's times when a file in it only changes (the commit writes the
+// container's times to the workspace).
+func (e *Engine) keepDirTimes(dir string) func() {
+	var st unix.Stat_t
+	path := fdPath(e.upper.fd)
+	if dir != "" {
+		if m := e.index[dir]; m == nil || m.Kind != KindDir || !m.Container {
+			return func() {}
+		}
+		ust, err := e.upper.lstat(dir)
+		if err != nil {
+			return func() {}
+		}
+		st = unix.Stat_t{Atim: unix.Timespec(ust.Atim), Mtim: unix.Timespec(ust.Mtim)}
+		return func() {
+			e.upper.withParent(dir, func(dirfd int, name string) error {
+				return unix.UtimesNanoAt(dirfd, name, []unix.Timespec{st.Atim, st.Mtim}, unix.AT_SYMLINK_NOFOLLOW)
+			})
+		}
+	}
+	if unix.Fstat(e.upper.fd, &st) != nil {
+		return func() {}
+	}
+	return func() { unix.UtimesNanoAt(unix.AT_FDCWD, path, []unix.Timespec{st.Atim, st.Mtim}, 0) }
 }
 
 // copyBody copies a base file's content and xattrs into dst, the content
