@@ -855,7 +855,7 @@ func (e *Engine) captureRedo(scope, turn string, paths []string, moves []snapsho
 		if skip[m.Path] || skip[m.From] {
 			continue
 		}
-		e.walkTree(m.Path, func(q string) {
+		e.walkTree(m.Path, func(q string, _ bool) {
 			if !have[q] {
 				have[q] = true
 				byDepth = append(byDepth, q)
@@ -968,9 +968,9 @@ func (e *Engine) RollbackDiff(turnID string, paths []string, force bool) ([]unid
 }
 
 // walkTree calls fn for p and everything below it in the view, parents
-// first (nothing when p does not exist). Called with the engine's lock
-// held.
-func (e *Engine) walkTree(p string, fn func(string)) {
+// first, saying which are directories (nothing when p does not exist).
+// Called with the engine's lock held.
+func (e *Engine) walkTree(p string, fn func(p string, dir bool)) {
 	l, err := e.locate(p)
 	if err != nil {
 		return
@@ -979,8 +979,9 @@ func (e *Engine) walkTree(p string, fn func(string)) {
 	if err != nil {
 		return
 	}
-	fn(p)
-	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+	dir := st.Mode&syscall.S_IFMT == syscall.S_IFDIR
+	fn(p, dir)
+	if !dir {
 		return
 	}
 	ents, err := e.readDirLocked(p)
@@ -994,25 +995,11 @@ func (e *Engine) walkTree(p string, fn func(string)) {
 
 // walkView calls fn for every file and symlink at or below p in the view.
 func (e *Engine) walkView(p string, fn func(string)) {
-	l, err := e.locate(p)
-	if err != nil {
-		return
-	}
-	st, err := e.statLoc(p, l)
-	if err != nil {
-		return
-	}
-	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
-		fn(p)
-		return
-	}
-	ents, err := e.readDirLocked(p)
-	if err != nil {
-		return
-	}
-	for _, d := range ents {
-		e.walkView(joinPath(p, d.Name), fn)
-	}
+	e.walkTree(p, func(q string, dir bool) {
+		if !dir {
+			fn(q)
+		}
+	})
 }
 
 func (e *Engine) readBody(hash contenthash.Hash) ([]byte, error) {

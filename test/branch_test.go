@@ -25,6 +25,14 @@ func (m *stagefsMount) runInBranch(branch, script string) result {
 		stagefsBin, "run", "-m", m.mnt, "--branch", branch, "--", "sh", "-ec", script)
 }
 
+// applyBranchDiff applies `stagefs diff --branch branch` with git apply to
+// a copy of the workspace and runs the shell script check in it.
+func (m *stagefsMount) applyBranchDiff(branch, check string) {
+	m.t.Helper()
+	diff := m.mustCLI("diff", "--branch", branch, "--color", "never")
+	sh(m.t, m.base, "rm -rf check && cp -r ws check && cd check && git apply - <<'EOF'\n"+diff+"EOF\n"+check)
+}
+
 func (m *stagefsMount) merge(args ...string) (control.MergeResult, result) {
 	m.t.Helper()
 	r := m.cli(append([]string{"merge", "--json"}, args...)...)
@@ -289,8 +297,7 @@ func TestBranchDirectoryRenameMerges(t *testing.T) {
 	if r := m.runInBranch("mover", "sed -i s/a/A/ docs/a.md && mv docs guide && echo new > guide/new.md && rm guide/sub/b.md"); r.code != 0 {
 		t.Fatal(r)
 	}
-	diff := m.mustCLI("diff", "--branch", "mover", "--color", "never")
-	sh(t, m.base, "rm -rf check && cp -r ws check && cd check && git apply - <<'EOF'\n"+diff+"EOF\ntest ! -e docs && cat guide/a.md guide/new.md")
+	m.applyBranchDiff("mover", "test ! -e docs && cat guide/a.md guide/new.md")
 	res, r := m.merge("mover")
 	if r.code != 0 || len(res.Conflicts)+len(res.Failed) > 0 {
 		t.Fatalf("merge: %s", r)
@@ -473,8 +480,7 @@ func TestBranchMergesNoCapturePaths(t *testing.T) {
 	}
 	// The diff shows keep.bin against the parent's version (its version
 	// at the fork is not known), so git apply takes it on the workspace.
-	diff := m.mustCLI("diff", "--branch", "b", "--color", "never")
-	sh(t, m.base, "rm -rf check && cp -r ws check && cd check && git apply - <<'EOF'\n"+diff+"EOF\ncat keep.bin new.bin f.txt")
+	m.applyBranchDiff("b", "cat keep.bin new.bin f.txt")
 	res, r := m.merge("b")
 	if r.code != 3 || len(res.Conflicts) != 2 {
 		t.Fatalf("merge: want the two .bin files in conflict (exit 3): %s", r)
