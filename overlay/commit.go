@@ -374,9 +374,19 @@ func (r *commitRun) dropCommitted() {
 	// 6. Keep the inode numbers the mount showed for what was committed,
 	// then drop it from the pending set, deepest first.
 	var inos [][2]uint64
+	committed := map[string]bool{}
+	for _, p := range r.res.Committed {
+		committed[p] = true
+	}
 	for _, p := range r.res.Committed {
 		m := e.index[p]
 		if m == nil || m.Kind == KindWhiteout || m.Deleted {
+			continue
+		}
+		if r.stillShownBy(p, m, committed) {
+			// One name of a staged hard link committed alone: the
+			// names left pending keep the number, and the committed
+			// file, another file now, shows its own.
 			continue
 		}
 		// Recorded even when the numbers agree: the inode may be a
@@ -983,6 +993,25 @@ func (r *commitRun) deleteMovedDir(p string, m *meta) error {
 		return r.removeBase(at, st)
 	}
 	return nil
+}
+
+// stillShownBy reports whether another name of p's upper file (a staged
+// hard link) stays pending after this commit, showing the number p
+// showed.
+func (r *commitRun) stillShownBy(p string, m *meta, committed map[string]bool) bool {
+	if m.Kind == KindDir {
+		return false
+	}
+	ust, err := r.e.upper.lstat(p)
+	if err != nil || ust.Nlink <= 1 {
+		return false
+	}
+	for q, mq := range r.e.index {
+		if q != p && !committed[q] && mq.Kind != KindDir && mq.shownIno() == m.shownIno() {
+			return true
+		}
+	}
+	return false
 }
 
 // removeBase removes the workspace entry st at p; a directory must be
