@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -316,13 +317,33 @@ func (n *node) child(name string) string {
 
 // newChild returns the inode for a child with attributes st, reusing the
 // existing one for the same inode number (hard links, copy-up).
-func (n *node) newChild(ctx context.Context, st *syscall.Stat_t, out *fuse.EntryOut) *fs.Inode {
+// newChild makes (or finds) the node for a child whose stat is st. p is
+// its path when a lookup found it ("" for what a create made).
+func (n *node) newChild(ctx context.Context, p string, st *syscall.Stat_t, out *fuse.EntryOut) *fs.Inode {
 	out.Attr.FromStat(st)
 	dir := n.path()
 	out.SetEntryTimeout(n.sys.timeoutIn(dir))
 	out.SetAttrTimeout(n.sys.attrTimeoutIn(dir, st))
 	a := fs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: st.Ino, Gen: n.sys.generation(st.Ino)}
+	if p != "" && st.Nlink > 1 && a.Mode != syscall.S_IFDIR {
+		if n.sys.eng.SharedWorkspaceFile(p) {
+			// A name of a workspace hard link: a node of its own (same
+			// inode number, another generation), since a write through
+			// it copies it up alone. Shared, the kernel would serve the
+			// names as one file and go-fuse answer for either with
+			// whichever path it knows first.
+			a.Gen ^= nameGen(p)
+		}
+	}
 	return n.NewInode(ctx, &node{sys: n.sys}, a)
+}
+
+// nameGen is the generation bits that tell the nodes of one inode's names
+// apart (newChild): a hash of the name's path, never zero.
+func nameGen(p string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(p))
+	return h.Sum64() | 1<<63
 }
 
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
@@ -353,7 +374,7 @@ func (n *node) found(ctx context.Context, p string, st *syscall.Stat_t, err erro
 		// Watched before the kernel can cache anything inside it.
 		n.sys.watch.add(p)
 	}
-	return n.newChild(ctx, st, out), 0
+	return n.newChild(ctx, p, st, out), 0
 }
 
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
@@ -599,7 +620,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		n.sys.unhold(hold)
 		return nil, nil, 0, toErrno(err)
 	}
-	child := n.newChild(ctx, st, out)
+	child := n.newChild(ctx, "", st, out)
 	n.sys.created(hold, child.Operations().(*node))
 	// go-fuse keeps a created child as a node of its own (it never merges
 	// it with a known node of the same inode), so admit starts afresh.
@@ -622,7 +643,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		return nil, toErrno(err)
 	}
 	n.sys.watch.add(p)
-	return n.newChild(ctx, st, out), 0
+	return n.newChild(ctx, "", st, out), 0
 }
 
 func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
@@ -630,7 +651,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *f
 	if err != nil {
 		return nil, toErrno(err)
 	}
-	return n.newChild(ctx, st, out), 0
+	return n.newChild(ctx, "", st, out), 0
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
@@ -638,7 +659,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	if err != nil {
 		return nil, toErrno(err)
 	}
-	return n.newChild(ctx, st, out), 0
+	return n.newChild(ctx, "", st, out), 0
 }
 
 func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
@@ -653,7 +674,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if err != nil {
 		return nil, toErrno(err)
 	}
-	return n.newChild(ctx, st, out), 0
+	return n.newChild(ctx, "", st, out), 0
 }
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {

@@ -33,3 +33,47 @@ func TestCommitOfOneNameOfAStagedHardLink(t *testing.T) {
 	assertFile(t, m.inWS("a"), "v1\nmore\n")
 	assertFile(t, m.inWS("b"), "v1\n")
 }
+
+// The names of a workspace hard link are separate files in the view (a
+// write copies one name up alone), so each is its own kernel inode: once
+// the kernel took them for one, a write through hl was staged as a write
+// of f, and a commit wrote what the mount had not shown.
+func TestWorkspaceHardLinkNamesStayApart(t *testing.T) {
+	parallel(t)
+	t.Run("append through one name", func(t *testing.T) {
+		m := mountStagefs(t, withFiles(map[string]string{"f": "1\n"}))
+		sh(t, m.ws, "ln f hl")
+		sh(t, m.mnt, "ls -l f hl >/dev/null; echo new >> hl")
+		assertFile(t, m.in("hl"), "1\nnew\n")
+		assertFile(t, m.in("f"), "1\n")
+		st := m.status()
+		if kinds := statusKinds(st); len(kinds) != 1 || kinds["hl"] == "" {
+			t.Fatalf("status: want a change of hl only: %+v", st)
+		}
+		m.commit()
+		assertFile(t, m.inWS("hl"), "1\nnew\n")
+	})
+	t.Run("writes through both names", func(t *testing.T) {
+		m := mountStagefs(t, withFiles(map[string]string{"f": "1\n"}))
+		sh(t, m.ws, "ln f hl")
+		sh(t, m.mnt, "echo A > f; cat hl f >/dev/null; echo B > hl")
+		assertFile(t, m.in("f"), "A\n")
+		assertFile(t, m.in("hl"), "B\n")
+		m.commit()
+		assertFile(t, m.inWS("f"), "A\n")
+		assertFile(t, m.inWS("hl"), "B\n")
+	})
+	t.Run("chmod of one name", func(t *testing.T) {
+		m := mountStagefs(t, withFiles(map[string]string{"f": "1\n"}))
+		sh(t, m.ws, "ln f hl")
+		sh(t, m.mnt, "stat f hl >/dev/null; chmod 600 f")
+		for i := 0; i < 2; i++ { // in either order, each name its own
+			if got := modeOf(t, m.in("f")); got != 0o600 {
+				t.Errorf("f: mode %o, want 600", got)
+			}
+			if got := modeOf(t, m.in("hl")); got != 0o644 {
+				t.Errorf("hl: mode %o, want 644", got)
+			}
+		}
+	})
+}
