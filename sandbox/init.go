@@ -126,6 +126,9 @@ func InitMain(args []string) int {
 	if err := dropCapabilities(); err != nil {
 		return fail(exitSetup, "%v", err)
 	}
+	if err := refuseTerminalInjection(); err != nil {
+		return fail(exitSetup, "%v", err)
+	}
 	if err := cmd.Start(); err != nil {
 		if errors.Is(err, syscall.ENOENT) {
 			return fail(ExitNotFound, "%s: %v", argv[0], err)
