@@ -240,14 +240,19 @@ func setupMounts(ws, mnt, state string, conf *confinement) error {
 // as is one under another place in covered (the confinement's private
 // /tmp, say) whose contents a mount replaced.
 func hideStateDir(state string, covered []string) error {
-	under := false
 	for _, dir := range covered {
-		under = under || within(state, dir)
+		if within(state, dir) {
+			// Under a mount that replaced what was there: that hides it.
+			// Whatever is at the path now is the command's own, made in
+			// that private place by an earlier run (a symlink to the
+			// workspace, say), and no tmpfs may go where it points.
+			return nil
+		}
 	}
-	st, err := os.Stat(state)
+	st, err := os.Lstat(state)
 	switch {
-	case errors.Is(err, os.ErrNotExist) && under:
-		return nil // under a mount that replaced what was there: it hides it
+	case err == nil && st.Mode()&os.ModeSymlink != 0:
+		return fmt.Errorf("state dir %s is a symlink here, so it cannot be hidden", state)
 	case errors.Is(err, os.ErrNotExist):
 		// Fail closed: a state dir not found is not known to be hidden.
 		return fmt.Errorf("state dir %s: not found, so it cannot be hidden", state)

@@ -1,6 +1,7 @@
 package test
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -53,5 +54,26 @@ func TestRunCannotInjectTerminalInputOrReachHostIPC(t *testing.T) {
 	}
 	if r := m.run(m.ws, "--", "python3", "-c", ipcProbe, key); r.code != 0 || r.stdout != "absent\n" {
 		t.Errorf("the host's shared memory segment in stagefs run: %s", r)
+	}
+}
+
+// A symlink a command leaves at the state dir's path in the run's private
+// /tmp (kept between runs) must not move where the next run hides the
+// state dir: its tmpfs once went over the workspace the link named, and
+// every later run saw an empty, read-only workspace.
+func TestRunIgnoresALinkAtTheStatePath(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"f.txt": "f\n"}))
+	if r := m.run(m.ws, "--", "sh", "-c", "test -e "+m.state+" && echo seen || echo hidden"); r.stdout != "hidden\n" {
+		t.Skipf("the state dir is not under the run's private /tmp here: %s", r)
+	}
+	if r := m.run(m.ws, "--", "sh", "-c", "mkdir -p "+filepath.Dir(m.state)+" && ln -s "+m.ws+" "+m.state); r.code != 0 {
+		t.Fatal(r)
+	}
+	if r := m.run(m.ws, "--", "sh", "-c", "cat f.txt && touch made"); r.code != 0 || r.stdout != "f\n" {
+		t.Fatalf("the run after the link: %s", r)
+	}
+	if kinds := statusKinds(m.status()); kinds["made"] != "create" {
+		t.Errorf("pending: %v", kinds)
 	}
 }
