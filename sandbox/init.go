@@ -240,28 +240,45 @@ func setupMounts(ws, mnt, state string, conf *confinement) error {
 // as is one under another place in covered (the confinement's private
 // /tmp, say) whose contents a mount replaced.
 func hideStateDir(state string, covered []string) error {
+	under := false
 	for _, dir := range covered {
-		if within(state, dir) {
-			// Under a mount that replaced what was there: that hides it.
-			// Whatever is at the path now is the command's own, made in
-			// that private place by an earlier run (a symlink to the
-			// workspace, say), and no tmpfs may go where it points.
-			return nil
+		under = under || within(state, dir)
+	}
+	if under {
+		// What is at the path in such a place was made there by a
+		// command (the place is kept between runs) unless the mount that
+		// covers it failed: reached without following any symlink, a
+		// link the command left (to the workspace, say) moves no tmpfs.
+		fd, err := unix.Openat2(unix.AT_FDCWD, state, &unix.OpenHow{
+			Flags:   unix.O_PATH | unix.O_CLOEXEC | unix.O_NOFOLLOW | unix.O_DIRECTORY,
+			Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+		})
+		switch {
+		case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR):
+			return nil // hidden by that mount, or a link: the state dir is not there
+		case err != nil:
+			return fmt.Errorf("state dir %s: %v", state, err)
 		}
+		defer unix.Close(fd)
+		return hideAt(state, fmt.Sprintf("/proc/self/fd/%d", fd))
 	}
 	st, err := os.Lstat(state)
 	switch {
-	case err == nil && st.Mode()&os.ModeSymlink != 0:
-		return fmt.Errorf("state dir %s is a symlink here, so it cannot be hidden", state)
 	case errors.Is(err, os.ErrNotExist):
 		// Fail closed: a state dir not found is not known to be hidden.
 		return fmt.Errorf("state dir %s: not found, so it cannot be hidden", state)
 	case err != nil:
 		return fmt.Errorf("state dir %s: %v", state, err)
 	case !st.IsDir():
-		return fmt.Errorf("state dir %s is not a directory", state)
+		return fmt.Errorf("state dir %s is not a directory here", state)
 	}
-	if err := unix.Mount("stagefs-hidden", state, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0555"); err != nil {
+	return hideAt(state, state)
+}
+
+// hideAt mounts the empty read-only tmpfs over the state dir state, named
+// at for the mount (a path, or its descriptor's /proc/self/fd link).
+func hideAt(state, at string) error {
+	if err := unix.Mount("stagefs-hidden", at, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0555"); err != nil {
 		return fmt.Errorf("hide the state dir %s: %v%s", state, err, userNSHint(err))
 	}
 	return nil
