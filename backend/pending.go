@@ -14,7 +14,7 @@ import (
 )
 
 func (b *Backend) Status(ctx context.Context, paths []string) (control.StatusResult, error) {
-	rel, err := b.relPaths(paths)
+	rel, err := b.relPathsOrAll(paths)
 	if err != nil {
 		return control.StatusResult{}, err
 	}
@@ -74,7 +74,7 @@ func (b *Backend) Commit(ctx context.Context, p control.CommitParams) (control.C
 	if b.cfg.Branch != "" {
 		return control.CommitResult{}, control.Errorf(control.CodeInvalidState, "branch %s commits through its parent: merge it (stagefs merge %s), then commit there", b.cfg.Branch, b.cfg.Branch)
 	}
-	rel, err := b.relPaths(p.Paths)
+	rel, err := b.relPathsOrAll(p.Paths)
 	if err != nil {
 		return control.CommitResult{}, err
 	}
@@ -100,7 +100,7 @@ func (b *Backend) Commit(ctx context.Context, p control.CommitParams) (control.C
 }
 
 func (b *Backend) Discard(ctx context.Context, paths []string) (control.DiscardResult, error) {
-	rel, err := b.relPaths(paths)
+	rel, err := b.relPathsOrAll(paths)
 	if err != nil {
 		return control.DiscardResult{}, err
 	}
@@ -113,7 +113,7 @@ func (b *Backend) Discard(ctx context.Context, paths []string) (control.DiscardR
 }
 
 func (b *Backend) Diff(ctx context.Context, paths []string) (control.DiffResult, error) {
-	rel, err := b.relPaths(paths)
+	rel, err := b.relPathsOrAll(paths)
 	if err != nil {
 		return control.DiffResult{}, err
 	}

@@ -55,7 +55,7 @@ func rollbackResult(r overlay.RollbackResult) control.RollbackResult {
 }
 
 func (b *Backend) Rollback(ctx context.Context, p control.RollbackParams) (control.RollbackResult, error) {
-	rel, err := b.relPaths(p.Paths)
+	rel, err := b.relPathsOrAll(p.Paths)
 	if err != nil {
 		return control.RollbackResult{}, err
 	}

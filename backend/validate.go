@@ -49,6 +49,23 @@ func (b *Backend) relPath(p string) (string, error) {
 	return rel, nil
 }
 
+// relPathsOrAll is relPaths for the methods where no path means every
+// path (status, diff, commit, discard, rollback): the workspace's root
+// among them ("." in the mount, or the mount's or the workspace's own
+// path) selects everything too, instead of matching nothing.
+func (b *Backend) relPathsOrAll(ps []string) ([]string, error) {
+	rel, err := b.relPaths(ps)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range rel {
+		if r == "" {
+			return []string{}, nil
+		}
+	}
+	return rel, nil
+}
+
 func (b *Backend) relPaths(ps []string) ([]string, error) {
 	out := make([]string, 0, len(ps))
 	for _, p := range ps {
