@@ -47,6 +47,21 @@ func (b *Backend) SafeTextPatch(ctx context.Context, p control.SafeTextPatchPara
 			return control.SafeTextPatchResult{}, control.Errorf(control.CodeInvalidParams, "expectedHash: %v", err)
 		}
 	}
+	if len(p.Edits) > maxEdits {
+		return control.SafeTextPatchResult{}, control.Errorf(control.CodeInvalidParams, "edits: %d of them; at most %d in one patch", len(p.Edits), maxEdits)
+	}
+	// The edits are applied to the content read before the lock, which
+	// every change in the mount waits for: one request with thousands of
+	// edits to a large file once held it for minutes. Under the lock the
+	// content is only checked to be the same (its hash).
+	var edited []byte
+	if p.Content == nil {
+		if cur, exists, rerr := b.eng.ReadFile(rel); rerr == nil && exists && contenthash.Sum(cur) == want {
+			if edited, err = applyEdits(cur, p.Edits, p.Path); err != nil {
+				return control.SafeTextPatchResult{}, err
+			}
+		}
+	}
 	var res control.SafeTextPatchResult
 	err = b.eng.PatchFile(rel, hostEdit(ctx), func(cur []byte, exists bool) ([]byte, bool, error) {
 		var curHash contenthash.Hash
@@ -58,20 +73,19 @@ func (b *Backend) SafeTextPatch(ctx context.Context, p control.SafeTextPatchPara
 			return nil, false, nil
 		}
 		var next []byte
-		if p.Content != nil {
+		switch {
+		case p.Content != nil:
 			next = []byte(*p.Content)
-		} else {
-			text := string(cur)
-			for i, e := range p.Edits {
-				if e.OldText == "" {
-					return nil, false, control.Errorf(control.CodeInvalidParams, "edits[%d].oldText is empty", i)
-				}
-				if n := strings.Count(text, e.OldText); n != 1 {
-					return nil, false, control.Errorf(control.CodeInvalidParams, "edits[%d].oldText occurs %d times in %s; it must occur exactly once", i, n, p.Path)
-				}
-				text = strings.Replace(text, e.OldText, e.NewText, 1)
+		case edited != nil:
+			next = edited // made from this very content (the same hash)
+		default:
+			var err error
+			if next, err = applyEdits(cur, p.Edits, p.Path); err != nil {
+				return nil, false, err
 			}
-			next = []byte(text)
+		}
+		if int64(len(next)) > overlay.MaxReadBytes {
+			return nil, false, control.Errorf(control.CodeInvalidParams, "the patched %s would be %d bytes, past the %d that fs/read_text reads", p.Path, len(next), overlay.MaxReadBytes)
 		}
 		if exists && bytes.Equal(next, cur) {
 			res = control.SafeTextPatchResult{Result: control.PatchNoOp, SHA256: curHash.String(), Size: int64(len(cur))}
@@ -94,4 +108,23 @@ func (b *Backend) SafeTextPatch(ctx context.Context, p control.SafeTextPatchPara
 		b.invalidate([]string{rel})
 	}
 	return res, nil
+}
+
+// maxEdits bounds one patch's edits: each is a scan of the whole file.
+const maxEdits = 1000
+
+// applyEdits makes each edit of edits in turn to cur; each oldText must
+// occur exactly once in the text it is applied to.
+func applyEdits(cur []byte, edits []control.TextEdit, path string) ([]byte, error) {
+	text := string(cur)
+	for i, e := range edits {
+		if e.OldText == "" {
+			return nil, control.Errorf(control.CodeInvalidParams, "edits[%d].oldText is empty", i)
+		}
+		if n := strings.Count(text, e.OldText); n != 1 {
+			return nil, control.Errorf(control.CodeInvalidParams, "edits[%d].oldText occurs %d times in %s; it must occur exactly once", i, n, path)
+		}
+		text = strings.Replace(text, e.OldText, e.NewText, 1)
+	}
+	return []byte(text), nil
 }

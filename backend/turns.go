@@ -107,7 +107,9 @@ func (b *Backend) publishConflicts(conflicts []overlay.Conflict) {
 }
 
 func (b *Backend) MarkUser(ctx context.Context, p control.MarkUserParams) (control.MarkUserResult, error) {
-	if !p.Remove && syscall.Kill(p.Pid, 0) == syscall.ESRCH {
+	// Past the kernel's largest pid (PID_MAX_LIMIT), kill(2) would see
+	// the number cut to 32 bits: 2^32+1 is init.
+	if !p.Remove && (p.Pid <= 0 || p.Pid > 1<<22 || syscall.Kill(p.Pid, 0) == syscall.ESRCH) {
 		return control.MarkUserResult{}, control.Errorf(control.CodeNotFound, "no process %d", p.Pid)
 	}
 	b.eng.MarkUser(p.Pid, !p.Remove)
