@@ -14,6 +14,7 @@ import (
 	"sort"
 	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 // Defaults for ServerOptions.
@@ -251,6 +252,9 @@ func Typed[P any, R any](fn func(context.Context, P) (R, error)) HandlerFunc {
 	return func(ctx context.Context, params json.RawMessage) (any, error) {
 		var p P
 		if len(params) > 0 && !bytes.Equal(params, jsonNull) {
+			if err := validText(params); err != nil {
+				return nil, err
+			}
 			if err := json.Unmarshal(params, &p); err != nil {
 				return nil, paramsError(err)
 			}
@@ -746,4 +750,66 @@ func (q *subscriber) takeMissed() Event {
 	ev := Event{Kind: EventMissed, Seq: q.lastDropped, Time: now(), Missed: q.missed}
 	q.missed = 0
 	return ev
+}
+
+// validText refuses params whose strings are not Unicode text: bytes that
+// are not UTF-8, or an escaped surrogate (\ud800-\udfff) that is not half
+// of a pair. JSON decoding turns both into U+FFFD without a word, so a
+// path would name another file and a text patch write other bytes than
+// the client sent.
+func validText(raw []byte) error {
+	if !utf8.Valid(raw) {
+		return Errorf(CodeInvalidParams, "invalid params: a string is not valid UTF-8")
+	}
+	inString := false
+	for i := 0; i < len(raw); i++ {
+		switch c := raw[i]; {
+		case c == '"':
+			inString = !inString
+		case c == '\\' && inString && i+1 < len(raw):
+			i++
+			if raw[i] != 'u' {
+				continue
+			}
+			r, ok := hex4(raw, i+1)
+			if !ok {
+				continue // json.Unmarshal reports it
+			}
+			i += 4
+			switch {
+			case r >= 0xd800 && r <= 0xdbff:
+				if i+6 < len(raw) && raw[i+1] == '\\' && raw[i+2] == 'u' {
+					if lo, ok := hex4(raw, i+3); ok && lo >= 0xdc00 && lo <= 0xdfff {
+						i += 6
+						continue
+					}
+				}
+				return Errorf(CodeInvalidParams, "invalid params: a string holds a lone surrogate (\\u%04x)", r)
+			case r >= 0xdc00 && r <= 0xdfff:
+				return Errorf(CodeInvalidParams, "invalid params: a string holds a lone surrogate (\\u%04x)", r)
+			}
+		}
+	}
+	return nil
+}
+
+// hex4 reads the four hex digits at raw[i:].
+func hex4(raw []byte, i int) (rune, bool) {
+	if i+4 > len(raw) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range raw[i : i+4] {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }
