@@ -1203,13 +1203,15 @@ func (r *commitRun) applyFile(p string, m *meta) error {
 			return err
 		}
 		e.killPoint("commit-replaced")
+		st = nil
 	}
+	seen := stampOfBase(st) // what finishFiles checks again before its rename
 	dir, _ := splitPath(p)
 	r.syncDir[dir] = true
 	if name, ok := r.stage.claim(p, ust); ok && r.onRootDev(dir) {
 		// Written and made durable before the lock: finishFiles moves
 		// it into place.
-		r.pending = append(r.pending, preparedFile{path: p, tmp: name, staged: true})
+		r.pending = append(r.pending, preparedFile{path: p, tmp: name, staged: true, seen: seen})
 		return nil
 	}
 	tmp := commitTempPrefix + e.tmpName()
@@ -1233,7 +1235,7 @@ func (r *commitRun) applyFile(p string, m *meta) error {
 		return nil
 	})
 	if err == nil {
-		pf := preparedFile{path: p, tmp: tmp}
+		pf := preparedFile{path: p, tmp: tmp, seen: seen}
 		r.pending = append(r.pending, pf)
 		if _, ok := r.prepared[ust.Ino]; !ok {
 			r.prepared[ust.Ino] = pf
@@ -1274,6 +1276,32 @@ const commitTempPrefix = ".stagefs-commit-"
 type preparedFile struct {
 	path, tmp string
 	staged    bool
+	// seen is what the workspace had at path when the commit checked it
+	// against the baseline (after removing what the file replaces).
+	seen baseStamp
+}
+
+// baseStamp is what finishFiles compares a workspace entry by: its
+// identity, size and mtime. Not the ctime: the commit's own unlink of
+// another name of the same file moves it.
+type baseStamp struct {
+	exists      bool
+	ino         uint64
+	size, mtime int64
+}
+
+func stampOfBase(st *syscall.Stat_t) baseStamp {
+	if st == nil {
+		return baseStamp{}
+	}
+	return baseStamp{exists: true, ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano()}
+}
+
+func (b baseStamp) String() string {
+	if !b.exists {
+		return "absent"
+	}
+	return fmt.Sprintf("ino %d size %d mtime %s", b.ino, b.size, time.Unix(0, b.mtime).UTC().Format(time.RFC3339Nano))
 }
 
 // finishFiles renames every prepared (written and fsynced) file into
@@ -1281,6 +1309,7 @@ type preparedFile struct {
 // holds part of the commit short. A file whose rename fails moves from
 // committed to failed.
 func (r *commitRun) finishFiles() {
+	r.e.killPoint("commit-files-written")
 	if r.syncOnce && len(r.pending) > 0 {
 		if err := r.e.syncBase(); err != nil {
 			synced := r.pending[:0]
@@ -1295,6 +1324,13 @@ func (r *commitRun) finishFiles() {
 		}
 	}
 	for _, pf := range r.pending {
+		if err := r.unchangedSinceCheck(pf); err != nil {
+			// The host changed it after the check, while the commit
+			// wrote the others: theirs stays, and it is a conflict.
+			r.unprepare(pf, err)
+			r.yield()
+			continue
+		}
 		err := r.e.base.withParent(pf.path, func(dirfd int, name string) error {
 			if pf.staged {
 				return renameFileAt(r.stage.fd, pf.tmp, dirfd, name, 0)
@@ -1356,8 +1392,35 @@ func (r *commitRun) unprepare(pf preparedFile, err error) {
 			break
 		}
 	}
+	if m := r.e.index[pf.path]; m != nil {
+		r.fileError(pf.path, m, err) // a conflict, or a failure
+		return
+	}
 	r.failed[pf.path] = true
 	r.res.Failed = append(r.res.Failed, Failure{Path: pf.path, Reason: err.Error()})
+}
+
+// unchangedSinceCheck checks the workspace entry at pf's path again right
+// before the prepared file replaces it: a long commit writes every file
+// before it moves any into place, and a host's edit in between was once
+// overwritten without a word. (What changes between this check and the
+// rename itself, microseconds later, is still lost: the workspace cannot
+// be locked.)
+func (r *commitRun) unchangedSinceCheck(pf preparedFile) error {
+	if r.force || r.recovering {
+		return nil
+	}
+	st, err := r.e.base.lstat(pf.path)
+	if err != nil && !errors.Is(err, syscall.ENOENT) {
+		return err
+	}
+	if err != nil {
+		st = nil
+	}
+	if now := stampOfBase(st); now != pf.seen {
+		return &conflictError{expected: pf.seen.String(), actual: now.String()}
+	}
+	return nil
 }
 
 // releaseGrace is how long a commit waits for files still open for

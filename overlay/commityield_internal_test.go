@@ -62,3 +62,34 @@ func TestAnotherEngineDuringCommitPrepare(t *testing.T) {
 	require.Empty(t, res.Failed)
 	require.Len(t, res.Committed, prepareMin+5)
 }
+
+// A host's edit of a workspace file after the commit checked it, while the
+// commit wrote the other files, stays: the file is a conflict, not
+// overwritten by the commit's rename.
+func TestCommitKeepsAHostEditMadeWhileItWrites(t *testing.T) {
+	ws, state := t.TempDir(), t.TempDir()
+	for _, f := range []string{"a", "b"} {
+		require.NoError(t, os.WriteFile(filepath.Join(ws, f), []byte("base\n"), 0o644))
+	}
+	e := openEngine(t, ws, state)
+	defer e.Close()
+	writeNew(t, e, "a", "staged a\n")
+	writeNew(t, e, "b", "staged b\n")
+	e.die = func(point string) bool {
+		if point == "commit-files-written" {
+			// The host saves b (a new file renamed over it), as an
+			// editor does.
+			tmp := filepath.Join(ws, ".b.tmp")
+			require.NoError(t, os.WriteFile(tmp, []byte("host b\n"), 0o644))
+			require.NoError(t, os.Rename(tmp, filepath.Join(ws, "b")))
+		}
+		return false
+	}
+	res := e.Commit(nil, false, Caller{})
+	require.Equal(t, []string{"a"}, res.Committed)
+	require.Len(t, res.Conflicts, 1)
+	require.Equal(t, "b", res.Conflicts[0].Path)
+	require.Equal(t, "staged a\n", readFileT(t, filepath.Join(ws, "a")))
+	require.Equal(t, "host b\n", readFileT(t, filepath.Join(ws, "b")), "the host's edit was overwritten")
+	require.Equal(t, "staged b\n", readView(t, e, "b"), "b stays pending")
+}
