@@ -847,21 +847,29 @@ func (e *Engine) captureRedo(scope, turn string, paths []string, moves []snapsho
 	for _, p := range byDepth {
 		have[p] = true
 	}
-	// What a moved directory holds now, under its current names: the
-	// turns captured their changes in it under the names from before the
-	// move, so these are the only record of an edit or a new file there.
-	// Redo moves the directory again first, then puts them back.
-	for _, m := range moves {
-		if skip[m.Path] || skip[m.From] {
-			continue
-		}
-		e.walkTree(m.Path, func(q string, _ bool) {
-			if !have[q] {
-				have[q] = true
-				byDepth = append(byDepth, q)
+	// The turns captured a change inside a directory they then moved
+	// under its name from before the move, which is absent now: its state
+	// is captured under the name it has now too (each move applied, oldest
+	// first), the only record of an edit or a new file there. Redo moves
+	// the directory again first, then puts these back. What the turns did
+	// not touch comes back with the move itself.
+	for _, p := range paths {
+		q := p
+		for i := len(moves) - 1; i >= 0; i-- {
+			m := moves[i]
+			if skip[m.Path] || skip[m.From] {
+				continue
 			}
-		})
+			if rel, ok := strings.CutPrefix(q, m.From); ok && (rel == "" || rel[0] == '/') {
+				q = m.Path + rel
+			}
+		}
+		for dir := q; dir != "" && dir != p && !have[dir]; dir, _ = splitPath(dir) {
+			have[dir] = true
+			byDepth = append(byDepth, dir)
+		}
 	}
+	sort.SliceStable(byDepth, func(i, j int) bool { return depth(byDepth[i]) < depth(byDepth[j]) })
 	for _, p := range byDepth {
 		pre, err := e.preImage(p)
 		if err != nil {

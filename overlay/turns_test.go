@@ -558,3 +558,26 @@ func TestRollbackNeverEvictsItsOwnTurns(t *testing.T) {
 	}
 	require.Contains(t, ids, "t1")
 }
+
+// A rollback of a turn that only moved a directory captures for redo what
+// the turn changed, not the whole directory: a file in it past the
+// snapshot cap once failed the rollback, and a large directory made it
+// slow.
+func TestRollbackOfAMoveCapturesOnlyWhatChanged(t *testing.T) {
+	h, _ := newSnapHarnessWith(t, overlay.Staged, filepath.Join(t.TempDir(), "snapshots"), snapstore.Options{ByteCap: 3000})
+	h.baseFile("d/big", strings.Repeat("b", 4000))
+	for i := 0; i < 200; i++ {
+		h.baseFile(fmt.Sprintf("d/f%d", i), "x")
+	}
+	c := overlay.Caller{Pid: os.Getpid()}
+	_, err := h.e.StartTurn("t1", "")
+	require.NoError(t, err)
+	require.NoError(t, h.e.Rename("d", "d2", 0, c))
+	res, err := h.e.Rollback("t1", nil, false, c)
+	require.NoError(t, err)
+	require.Empty(t, res.Conflicts)
+	require.Equal(t, 4000, len(h.read("d/big")))
+	_, err = h.e.Redo(false, c)
+	require.NoError(t, err)
+	require.Equal(t, 4000, len(h.read("d2/big")))
+}
