@@ -1029,8 +1029,8 @@ func (r *commitRun) removeBase(p string, st *syscall.Stat_t) error {
 		}
 		return unix.Unlinkat(dirfd, name, 0)
 	})
-	if err == nil && st.Nlink > 1 && st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
-		r.followLinkCtime(p, st)
+	if err == nil {
+		r.unlinkedName(p, st)
 	}
 	return err
 }
@@ -1085,7 +1085,7 @@ func (r *commitRun) deletedRedirectBase(p string) string {
 // removeReplaced removes the base entry at p that a staged entry of
 // another type replaces (a file where a directory was, or the reverse).
 func (r *commitRun) removeReplaced(p string, st *syscall.Stat_t) error {
-	return r.e.base.withParent(p, func(dirfd int, name string) error {
+	err := r.e.base.withParent(p, func(dirfd int, name string) error {
 		if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
 			err := rmdirAt(dirfd, name)
 			if err == unix.ENOTEMPTY || err == unix.EEXIST {
@@ -1095,6 +1095,18 @@ func (r *commitRun) removeReplaced(p string, st *syscall.Stat_t) error {
 		}
 		return unix.Unlinkat(dirfd, name, 0)
 	})
+	if err == nil {
+		r.unlinkedName(p, st)
+	}
+	return err
+}
+
+// unlinkedName keeps the other names committable after the commit took
+// the workspace file st away from p (an unlink, or a rename over it).
+func (r *commitRun) unlinkedName(p string, st *syscall.Stat_t) {
+	if st != nil && st.Nlink > 1 && st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		r.followLinkCtime(p, st)
+	}
 }
 
 func (r *commitRun) applyDir(p string, m *meta) error {
@@ -1206,12 +1218,13 @@ func (r *commitRun) applyFile(p string, m *meta) error {
 		st = nil
 	}
 	seen := stampOfBase(st) // what finishFiles checks again before its rename
+	before := st
 	dir, _ := splitPath(p)
 	r.syncDir[dir] = true
 	if name, ok := r.stage.claim(p, ust); ok && r.onRootDev(dir) {
 		// Written and made durable before the lock: finishFiles moves
 		// it into place.
-		r.pending = append(r.pending, preparedFile{path: p, tmp: name, staged: true, seen: seen})
+		r.pending = append(r.pending, preparedFile{path: p, tmp: name, staged: true, seen: seen, before: before})
 		return nil
 	}
 	tmp := commitTempPrefix + e.tmpName()
@@ -1235,7 +1248,7 @@ func (r *commitRun) applyFile(p string, m *meta) error {
 		return nil
 	})
 	if err == nil {
-		pf := preparedFile{path: p, tmp: tmp, seen: seen}
+		pf := preparedFile{path: p, tmp: tmp, seen: seen, before: before}
 		r.pending = append(r.pending, pf)
 		if _, ok := r.prepared[ust.Ino]; !ok {
 			r.prepared[ust.Ino] = pf
@@ -1277,8 +1290,10 @@ type preparedFile struct {
 	path, tmp string
 	staged    bool
 	// seen is what the workspace had at path when the commit checked it
-	// against the baseline (after removing what the file replaces).
-	seen baseStamp
+	// against the baseline (after removing what the file replaces), and
+	// before its whole stat (nil: nothing there).
+	seen   baseStamp
+	before *syscall.Stat_t
 }
 
 // baseStamp is what finishFiles compares a workspace entry by: its
@@ -1339,6 +1354,8 @@ func (r *commitRun) finishFiles() {
 		})
 		if err != nil {
 			r.unprepare(pf, err)
+		} else {
+			r.unlinkedName(pf.path, pf.before)
 		}
 		r.yield()
 	}

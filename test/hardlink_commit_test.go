@@ -34,3 +34,23 @@ func TestCommitAfterRemovingOneNameOfAHardLink(t *testing.T) {
 		})
 	}
 }
+
+// One name of a workspace hard link committed alone (a rename over it),
+// then the other: the first commit moved the file's ctime, and the second
+// once reported a conflict it could never clear.
+func TestCommitOneNameOfAHardLinkThenTheOther(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"f": "1\n"}))
+	sh(t, m.ws, "ln f hl")
+	sh(t, m.mnt, "echo new > f; chmod 600 hl")
+	if cr := m.commit("f"); len(cr.Conflicts)+len(cr.Failed) != 0 {
+		t.Fatalf("commit f: %+v", cr)
+	}
+	if cr := m.commit("hl"); len(cr.Conflicts)+len(cr.Failed) != 0 {
+		t.Fatalf("commit hl: %+v", cr)
+	}
+	assertFile(t, m.inWS("f"), "new\n")
+	if got := modeOf(t, m.inWS("hl")); got != 0o600 {
+		t.Errorf("hl: mode %o, want 600", got)
+	}
+}
