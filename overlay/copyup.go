@@ -180,6 +180,12 @@ func (e *Engine) copyUpFrom(p string, l loc, bst *syscall.Stat_t, why copyFor, c
 	}
 	c = e.named(c)
 	m := &meta{Ino: e.baseIno(st), Base: baselineOf(st), Pid: c.Pid, Comm: c.Comm, Time: time.Now().UnixNano(), AttrOnly: why == forAttrs}
+	if st.Nlink > 1 {
+		// One name of a workspace hard link, copied up alone: a file of
+		// its own from now on, with a number of its own (the upper
+		// file's), or the kernel would take it for its other names.
+		m.Ino = 0
+	}
 	tmp := e.tmpName()
 	dst, err := unix.Openat(e.workFd, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {

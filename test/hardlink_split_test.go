@@ -77,3 +77,22 @@ func TestWorkspaceHardLinkNamesStayApart(t *testing.T) {
 		}
 	})
 }
+
+// Both names of a workspace hard link copied up, each alone, stay two
+// files after a restart: they once both showed the workspace file's inode
+// number again, and the kernel served them as one.
+func TestBothNamesOfAWorkspaceHardLinkCopiedUp(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"f": "1\n"}))
+	sh(t, m.ws, "ln f hl")
+	sh(t, m.mnt, "echo A > f; echo B > hl")
+	m.unmount()
+	m.mount()
+	sh(t, m.mnt, "cat f hl >/dev/null; echo C >> f")
+	assertFile(t, m.in("f"), "A\nC\n")
+	assertFile(t, m.in("hl"), "B\n")
+	var sf, sh2 syscall.Stat_t
+	if syscall.Stat(m.in("f"), &sf) != nil || syscall.Stat(m.in("hl"), &sh2) != nil || sf.Ino == sh2.Ino {
+		t.Errorf("f and hl, two files, show inode %d and %d", sf.Ino, sh2.Ino)
+	}
+}
