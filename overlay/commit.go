@@ -136,6 +136,9 @@ type commitRun struct {
 	// byBaseIno: the pending entries staged against each workspace
 	// file, by inode (followLinkCtime); nil until needed.
 	byBaseIno map[uint64][]string
+	// shownLeft: the inode numbers that entries this commit leaves
+	// pending show (stillShownBy); nil until needed.
+	shownLeft map[uint64]bool
 
 	movedAway map[string]bool         // workspace paths a directory rename of this commit emptied
 	dirsMade  map[string]bool         // directories applyDir has made or updated in this commit
@@ -1006,12 +1009,16 @@ func (r *commitRun) stillShownBy(p string, m *meta, committed map[string]bool) b
 	if err != nil || ust.Nlink <= 1 {
 		return false
 	}
-	for q, mq := range r.e.index {
-		if q != p && !committed[q] && mq.Kind != KindDir && mq.shownIno() == m.shownIno() {
-			return true
+	if r.shownLeft == nil {
+		// Once per commit: the numbers the names left pending show.
+		r.shownLeft = map[uint64]bool{}
+		for q, mq := range r.e.index {
+			if !committed[q] && mq.Kind != KindDir {
+				r.shownLeft[mq.shownIno()] = true
+			}
 		}
 	}
-	return false
+	return r.shownLeft[m.shownIno()]
 }
 
 // removeBase removes the workspace entry st at p; a directory must be

@@ -112,7 +112,10 @@ type snap struct {
 	size    int64                      // manifest length on disk: where the next line goes
 	broken  error                      // set when an append failed in a way that forbids more
 	lazy    bool                       // header and close marker are not fsynced (Options.Lazy)
-	synced  bool                       // the manifest's name in DIR/snaps is durable
+	// uncapturedSet is info.Uncaptured as a set, for isUncaptured: every
+	// change of a branch's path asks it.
+	uncapturedSet map[string]struct{}
+	synced        bool // the manifest's name in DIR/snaps is durable
 }
 
 func newSnap(h header) *snap {
@@ -146,6 +149,7 @@ func (sn *snap) record(e Entry) (newBody bool) {
 		for i, q := range sn.info.Uncaptured {
 			if q == e.Path {
 				sn.info.Uncaptured = append(sn.info.Uncaptured[:i:i], sn.info.Uncaptured[i+1:]...)
+				delete(sn.uncapturedSet, q)
 				break
 			}
 		}
@@ -190,15 +194,22 @@ func (sn *snap) uncaptured(p string) {
 		return
 	}
 	sn.info.Uncaptured = append(sn.info.Uncaptured, p)
+	if sn.uncapturedSet != nil {
+		sn.uncapturedSet[p] = struct{}{}
+	}
 }
 
 func (sn *snap) isUncaptured(p string) bool {
-	for _, q := range sn.info.Uncaptured {
-		if q == p {
-			return true
+	if len(sn.uncapturedSet) != len(sn.info.Uncaptured) {
+		// Kept in step with the list wherever it changes: rebuilt only
+		// when it was not (a load, a removal).
+		sn.uncapturedSet = make(map[string]struct{}, len(sn.info.Uncaptured))
+		for _, q := range sn.info.Uncaptured {
+			sn.uncapturedSet[q] = struct{}{}
 		}
 	}
-	return false
+	_, ok := sn.uncapturedSet[p]
+	return ok
 }
 
 func (sn *snap) copyEntries() []Entry {
