@@ -77,3 +77,20 @@ func TestMarkUserRefusesAPidPastTheKernelsLargest(t *testing.T) {
 		}
 	}
 }
+
+// A name with a newline prints on one line, quoted, in the CLI's lists
+// (status, commit): printed as it is, it split its entry in two.
+func TestCLIListsQuoteControlCharacters(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t)
+	sh(t, m.mnt, "printf x > \"$(printf 'a\\nb')\"")
+	r := m.cli("status")
+	if r.code != 0 || !strings.Contains(r.stdout, `"a\nb"`) {
+		t.Fatalf("status: %s", r)
+	}
+	r = m.cli("commit")
+	if r.code != 0 || !strings.Contains(r.stdout, `committed  "a\nb"`) {
+		t.Fatalf("commit: %s", r)
+	}
+	assertFile(t, m.inWS("a\nb"), "x")
+}

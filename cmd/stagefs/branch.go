@@ -108,13 +108,13 @@ func runMerge(ctx context.Context, args []string) error {
 		}
 	} else {
 		for _, p := range res.Merged {
-			fmt.Printf("merged    %s\n", p)
+			fmt.Printf("merged    %s\n", shown(p))
 		}
 		for _, x := range res.Conflicts {
-			fmt.Printf("conflict  %s\n  at the fork: %s\n  branch:      %s\n  parent now:  %s\n", x.Path, x.Fork, x.Branch, x.Parent)
+			fmt.Printf("conflict  %s\n  at the fork: %s\n  branch:      %s\n  parent now:  %s\n", shown(x.Path), x.Fork, x.Branch, x.Parent)
 		}
 		for _, f := range res.Failed {
-			fmt.Printf("failed    %s: %s\n", f.Path, f.Reason)
+			fmt.Printf("failed    %s: %s\n", shown(f.Path), f.Reason)
 		}
 		if len(res.Merged)+len(res.Conflicts)+len(res.Failed) == 0 {
 			fmt.Printf("nothing to merge: %s changed nothing since its fork point\n", rest[0])

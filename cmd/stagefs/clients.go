@@ -250,7 +250,7 @@ func printSnapshot(verb string, s control.SnapshotInfo) {
 	}
 	fmt.Printf("%s %s (%s, %s, %d path(s), %s)\n", verb, s.ScopeID, s.SnapshotID, state, len(s.Paths), humanBytes(s.Bytes))
 	for _, p := range s.Paths {
-		fmt.Printf("  %s\n", p)
+		fmt.Printf("  %s\n", shown(p))
 	}
 }
 

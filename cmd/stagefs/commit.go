@@ -45,16 +45,16 @@ func runCommit(ctx context.Context, args []string) error {
 		}
 	} else {
 		for _, p := range res.Committed {
-			fmt.Printf("committed  %s\n", p)
+			fmt.Printf("committed  %s\n", shown(p))
 		}
 		for _, x := range res.Conflicts {
-			fmt.Printf("conflict   %s: %s%s\n", x.Path, x.Reason, conflictStates("staged against", "workspace now", x))
+			fmt.Printf("conflict   %s: %s%s\n", shown(x.Path), x.Reason, conflictStates("staged against", "workspace now", x))
 			if x.WorkspaceHash != "" || x.StagedHash != "" {
 				fmt.Printf("           workspace %s, staged %s\n", orNone(x.WorkspaceHash), orNone(x.StagedHash))
 			}
 		}
 		for _, f := range res.Failed {
-			fmt.Printf("failed     %s: %s\n", f.Path, f.Reason)
+			fmt.Printf("failed     %s: %s\n", shown(f.Path), f.Reason)
 		}
 		if len(res.Committed)+len(res.Conflicts)+len(res.Failed) == 0 {
 			fmt.Println("nothing to commit")

@@ -27,7 +27,7 @@ func runDiscard(ctx context.Context, args []string) error {
 		return printJSON(res)
 	}
 	for _, p := range res.Discarded {
-		fmt.Printf("discarded  %s\n", p)
+		fmt.Printf("discarded  %s\n", shown(p))
 	}
 	if len(res.Discarded) == 0 {
 		fmt.Println("nothing to discard")

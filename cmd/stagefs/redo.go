@@ -35,13 +35,13 @@ func runRedo(ctx context.Context, args []string) error {
 		}
 	} else {
 		for _, r := range res.RestoredPaths {
-			fmt.Printf("restored  %s\n", r)
+			fmt.Printf("restored  %s\n", shown(r))
 		}
 		for _, x := range res.Conflicts {
-			fmt.Printf("conflict  %s: %s%s\n", x.Path, x.Reason, conflictStates("rollback left", "now", x))
+			fmt.Printf("conflict  %s: %s%s\n", shown(x.Path), x.Reason, conflictStates("rollback left", "now", x))
 		}
 		for _, f := range res.Failed {
-			fmt.Printf("failed    %s: %s\n", f.Path, f.Reason)
+			fmt.Printf("failed    %s: %s\n", shown(f.Path), f.Reason)
 		}
 	}
 	if len(res.Conflicts)+len(res.Failed) > 0 {

@@ -35,7 +35,7 @@ func runRestore(ctx context.Context, args []string) error {
 		}
 	} else {
 		for _, p := range res.RestoredPaths {
-			fmt.Printf("restored  %s\n", p)
+			fmt.Printf("restored  %s\n", shown(p))
 		}
 		for _, p := range res.Overwritten {
 			fmt.Printf("overwrote %s (changed after the tool call; --keep-later leaves such paths)\n", p)
@@ -47,7 +47,7 @@ func runRestore(ctx context.Context, args []string) error {
 			fmt.Printf("lost      %s (its pre-image could not be stored: not restored)\n", p)
 		}
 		for _, f := range res.Failed {
-			fmt.Printf("failed    %s: %s\n", f.Path, f.Reason)
+			fmt.Printf("failed    %s: %s\n", shown(f.Path), f.Reason)
 		}
 	}
 	if len(res.Failed) > 0 {

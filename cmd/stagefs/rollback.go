@@ -53,7 +53,7 @@ func runRollback(ctx context.Context, args []string) error {
 		fmt.Print(res.Diff)
 	} else {
 		for _, r := range res.RestoredPaths {
-			fmt.Printf("restored  %s\n", r)
+			fmt.Printf("restored  %s\n", shown(r))
 		}
 	}
 	if !cf.json {
@@ -63,10 +63,10 @@ func runRollback(ctx context.Context, args []string) error {
 			notes = os.Stderr
 		}
 		for _, x := range res.Conflicts {
-			fmt.Fprintf(notes, "conflict  %s: %s%s\n", x.Path, x.Reason, conflictStates("turn left", "now", x))
+			fmt.Fprintf(notes, "conflict  %s: %s%s\n", shown(x.Path), x.Reason, conflictStates("turn left", "now", x))
 		}
 		for _, f := range res.Failed {
-			fmt.Fprintf(notes, "failed    %s: %s\n", f.Path, f.Reason)
+			fmt.Fprintf(notes, "failed    %s: %s\n", shown(f.Path), f.Reason)
 		}
 	}
 	if !diff && len(res.Conflicts)+len(res.Failed) > 0 {

@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -38,9 +39,9 @@ func runStatus(ctx context.Context, args []string) error {
 	fmt.Printf("%d pending change(s), %s, oldest %s ago (mode %s)\n", res.PendingCount, humanBytes(res.TotalBytes),
 		(time.Duration(res.OldestPendingAgeMs) * time.Millisecond).Round(time.Second), res.Mode)
 	for _, e := range res.Entries {
-		what := e.Path
+		what := shown(e.Path)
 		if e.From != "" {
-			what = e.From + " -> " + e.Path
+			what = shown(e.From) + " -> " + what
 		}
 		who := ""
 		if e.PID != 0 {
@@ -64,4 +65,16 @@ func shortAge(ms int64) string {
 		return fmt.Sprintf("%dh", d/time.Hour)
 	}
 	return fmt.Sprintf("%dd", d/(24*time.Hour))
+}
+
+// shown is a path as the CLI prints it in its lists: as it is, unless it
+// holds a control character (a newline would split its line in two),
+// then quoted with Go's escapes.
+func shown(p string) string {
+	for i := 0; i < len(p); i++ {
+		if p[i] < 0x20 || p[i] == 0x7f {
+			return strconv.Quote(p)
+		}
+	}
+	return p
 }
