@@ -167,7 +167,7 @@ func (n *node) linkAnonymous(ctx context.Context, a *anonNode, name string, out 
 	if err != nil {
 		return nil, toErrno(err)
 	}
-	child := n.newChild(ctx, "", st, out)
+	child := n.newChild(ctx, st, out, "")
 	a.mu.Lock()
 	a.names = append(a.names, child)
 	a.mu.Unlock()

@@ -316,24 +316,19 @@ func (n *node) child(name string) string {
 }
 
 // newChild returns the inode for a child with attributes st, reusing the
-// existing one for the same inode number (hard links, copy-up).
-// newChild makes (or finds) the node for a child whose stat is st. p is
-// its path when a lookup found it ("" for what a create made).
-func (n *node) newChild(ctx context.Context, p string, st *syscall.Stat_t, out *fuse.EntryOut) *fs.Inode {
+// existing one for the same inode number (hard links, copy-up). ownName,
+// when not "", is the path of a name that needs a node of its own (see
+// overlay.Engine.LookupStat): the same inode number, another generation.
+// Shared, the kernel would serve the names as one file, and go-fuse answer
+// for either with whichever path it knows first.
+func (n *node) newChild(ctx context.Context, st *syscall.Stat_t, out *fuse.EntryOut, ownName string) *fs.Inode {
 	out.Attr.FromStat(st)
 	dir := n.path()
 	out.SetEntryTimeout(n.sys.timeoutIn(dir))
 	out.SetAttrTimeout(n.sys.attrTimeoutIn(dir, st))
 	a := fs.StableAttr{Mode: st.Mode & syscall.S_IFMT, Ino: st.Ino, Gen: n.sys.generation(st.Ino)}
-	if p != "" && st.Nlink > 1 && a.Mode != syscall.S_IFDIR {
-		if n.sys.eng.SharedWorkspaceFile(p) {
-			// A name of a workspace hard link: a node of its own (same
-			// inode number, another generation), since a write through
-			// it copies it up alone. Shared, the kernel would serve the
-			// names as one file and go-fuse answer for either with
-			// whichever path it knows first.
-			a.Gen ^= nameGen(p)
-		}
+	if ownName != "" {
+		a.Gen ^= nameGen(ownName)
 	}
 	return n.NewInode(ctx, &node{sys: n.sys}, a)
 }
@@ -351,12 +346,13 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 		return nil, syscall.ENAMETOOLONG
 	}
 	p := n.child(name)
-	st, err := n.sys.eng.Stat(p)
-	return n.found(ctx, p, st, err, out)
+	st, shared, err := n.sys.eng.LookupStat(p)
+	return n.found(ctx, p, st, shared, err, out)
 }
 
-// found finishes a lookup of the child p whose stat gave st, err.
-func (n *node) found(ctx context.Context, p string, st *syscall.Stat_t, err error, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+// found finishes a lookup of the child p whose stat gave st, err; shared
+// says p needs a node of its own (newChild).
+func (n *node) found(ctx context.Context, p string, st *syscall.Stat_t, shared bool, err error, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	if err == syscall.ENOENT {
 		// go-fuse turns ENOENT into a negative entry cached for
 		// WatchedTimeout when the watcher runs, unless a timeout is set
@@ -374,7 +370,11 @@ func (n *node) found(ctx context.Context, p string, st *syscall.Stat_t, err erro
 		// Watched before the kernel can cache anything inside it.
 		n.sys.watch.add(p)
 	}
-	return n.newChild(ctx, p, st, out), 0
+	ownName := ""
+	if shared {
+		ownName = p
+	}
+	return n.newChild(ctx, st, out, ownName), 0
 }
 
 func (n *node) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
@@ -620,7 +620,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		n.sys.unhold(hold)
 		return nil, nil, 0, toErrno(err)
 	}
-	child := n.newChild(ctx, "", st, out)
+	child := n.newChild(ctx, st, out, "")
 	n.sys.created(hold, child.Operations().(*node))
 	// go-fuse keeps a created child as a node of its own (it never merges
 	// it with a known node of the same inode), so admit starts afresh.
@@ -643,7 +643,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		return nil, toErrno(err)
 	}
 	n.sys.watch.add(p)
-	return n.newChild(ctx, "", st, out), 0
+	return n.newChild(ctx, st, out, ""), 0
 }
 
 func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
@@ -651,7 +651,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *f
 	if err != nil {
 		return nil, toErrno(err)
 	}
-	return n.newChild(ctx, "", st, out), 0
+	return n.newChild(ctx, st, out, ""), 0
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
@@ -659,7 +659,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	if err != nil {
 		return nil, toErrno(err)
 	}
-	return n.newChild(ctx, "", st, out), 0
+	return n.newChild(ctx, st, out, ""), 0
 }
 
 func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
@@ -674,7 +674,7 @@ func (n *node) Link(ctx context.Context, target fs.InodeEmbedder, name string, o
 	if err != nil {
 		return nil, toErrno(err)
 	}
-	return n.newChild(ctx, "", st, out), 0
+	return n.newChild(ctx, st, out, ""), 0
 }
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
@@ -789,8 +789,8 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	if d.statter == nil {
 		d.statter = d.n.sys.eng.OpenDirStatter(d.n.path())
 	}
-	st, err := d.statter.Stat(name)
-	return d.n.found(ctx, d.n.child(name), st, err, out)
+	st, shared, err := d.statter.LookupStat(name)
+	return d.n.found(ctx, d.n.child(name), st, shared, err, out)
 }
 
 func (d *dirHandle) load(ctx context.Context) syscall.Errno {

@@ -90,9 +90,10 @@ func (e *Engine) capture(c Caller, paths ...string) error {
 // conflict unless the merge is forced.
 func (e *Engine) markForkPoints(open []snapshot.Info, p string) {
 	for _, s := range open {
-		if !IsForkScope(s.ScopeID) || e.snaps.Has(s.ScopeID, p) || e.snaps.IsUncaptured(s.ScopeID, p) {
+		if !IsForkScope(s.ScopeID) {
 			continue
 		}
+		// A no-op for a path captured or marked already.
 		if err := e.snaps.MarkUncaptured(s.ScopeID, p); err != nil {
 			e.logf("mark %s changed in %s: %v", p, s.ScopeID, err)
 		}

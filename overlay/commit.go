@@ -1224,14 +1224,13 @@ func (r *commitRun) applyFile(p string, m *meta) error {
 		e.killPoint("commit-replaced")
 		st = nil
 	}
-	seen := stampOfBase(st) // what finishFiles checks again before its rename
-	before := st
+	before := st // what finishFiles checks again before its rename
 	dir, _ := splitPath(p)
 	r.syncDir[dir] = true
 	if name, ok := r.stage.claim(p, ust); ok && r.onRootDev(dir) {
 		// Written and made durable before the lock: finishFiles moves
 		// it into place.
-		r.pending = append(r.pending, preparedFile{path: p, tmp: name, staged: true, seen: seen, before: before})
+		r.pending = append(r.pending, preparedFile{path: p, tmp: name, staged: true, before: before})
 		return nil
 	}
 	tmp := commitTempPrefix + e.tmpName()
@@ -1255,7 +1254,7 @@ func (r *commitRun) applyFile(p string, m *meta) error {
 		return nil
 	})
 	if err == nil {
-		pf := preparedFile{path: p, tmp: tmp, seen: seen, before: before}
+		pf := preparedFile{path: p, tmp: tmp, before: before}
 		r.pending = append(r.pending, pf)
 		if _, ok := r.prepared[ust.Ino]; !ok {
 			r.prepared[ust.Ino] = pf
@@ -1296,34 +1295,10 @@ const commitTempPrefix = ".stagefs-commit-"
 type preparedFile struct {
 	path, tmp string
 	staged    bool
-	// seen is what the workspace had at path when the commit checked it
-	// against the baseline (after removing what the file replaces), and
-	// before its whole stat (nil: nothing there).
-	seen   baseStamp
+	// before is what the workspace had at path when the commit checked
+	// it against the baseline, after removing what the file replaces
+	// (nil: nothing there).
 	before *syscall.Stat_t
-}
-
-// baseStamp is what finishFiles compares a workspace entry by: its
-// identity, size and mtime. Not the ctime: the commit's own unlink of
-// another name of the same file moves it.
-type baseStamp struct {
-	exists      bool
-	ino         uint64
-	size, mtime int64
-}
-
-func stampOfBase(st *syscall.Stat_t) baseStamp {
-	if st == nil {
-		return baseStamp{}
-	}
-	return baseStamp{exists: true, ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano()}
-}
-
-func (b baseStamp) String() string {
-	if !b.exists {
-		return "absent"
-	}
-	return fmt.Sprintf("ino %d size %d mtime %s", b.ino, b.size, time.Unix(0, b.mtime).UTC().Format(time.RFC3339Nano))
 }
 
 // finishFiles renames every prepared (written and fsynced) file into
@@ -1441,10 +1416,22 @@ func (r *commitRun) unchangedSinceCheck(pf preparedFile) error {
 	if err != nil {
 		st = nil
 	}
-	if now := stampOfBase(st); now != pf.seen {
-		return &conflictError{expected: pf.seen.String(), actual: now.String()}
+	seen, now := baselineOrAbsent(pf.before), baselineOrAbsent(st)
+	// Not the ctime: the commit's own unlink of another name of the same
+	// file moves it.
+	seen.Ctime, now.Ctime = 0, 0
+	if seen != now {
+		return &conflictError{expected: seen.String(), actual: now.String()}
 	}
 	return nil
+}
+
+// baselineOrAbsent is baselineOf, or the absent baseline for nil.
+func baselineOrAbsent(st *syscall.Stat_t) Baseline {
+	if st == nil {
+		return Baseline{}
+	}
+	return baselineOf(st)
 }
 
 // releaseGrace is how long a commit waits for files still open for

@@ -837,6 +837,28 @@ func (e *Engine) Stat(p string) (*syscall.Stat_t, error) {
 	return e.statLocked(p)
 }
 
+// LookupStat is Stat for a lookup, which also says whether p names an
+// unchanged workspace file that other workspace names share (a hard
+// link): the view treats each name as a file of its own, which a write
+// copies up alone, so the kernel must not take the names for one file
+// (fusefs gives each its own node).
+func (e *Engine) LookupStat(p string) (st *syscall.Stat_t, sharedName bool, err error) {
+	e.rlock()
+	defer e.runlock()
+	l, err := e.locate(p)
+	if err != nil {
+		return nil, false, err
+	}
+	st, err = e.statLoc(p, l)
+	return st, err == nil && l.sharedBaseName(st), err
+}
+
+// sharedBaseName reports whether st, the stat of the view at l, is that
+// of a workspace file with other names (see LookupStat).
+func (l loc) sharedBaseName(st *syscall.Stat_t) bool {
+	return l.m == nil && l.hasBase && st.Mode&syscall.S_IFMT != syscall.S_IFDIR && st.Nlink > 1
+}
+
 // statLocked is Stat for a caller holding the engine's lock.
 func (e *Engine) statLocked(p string) (*syscall.Stat_t, error) {
 	l, err := e.locate(p)

@@ -1933,24 +1933,31 @@ func (e *Engine) OpenDirStatter(p string) *DirStatter {
 
 // Stat is Engine.Stat of the entry name of the directory.
 func (s *DirStatter) Stat(name string) (*syscall.Stat_t, error) {
+	st, _, err := s.LookupStat(name)
+	return st, err
+}
+
+// LookupStat is Engine.LookupStat of the entry name of the directory.
+func (s *DirStatter) LookupStat(name string) (*syscall.Stat_t, bool, error) {
 	e := s.e
 	p := joinPath(s.dir, name)
 	e.rlock()
 	defer e.runlock()
 	l, err := e.locate(p)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if l.m != nil || !l.hasBase || s.baseFd < 0 || l.basePath != joinPath(s.basePath, name) {
-		return e.statLoc(p, l)
+		st, err := e.statLoc(p, l)
+		return st, err == nil && l.sharedBaseName(st), err
 	}
 	var st unix.Stat_t
 	if err := unix.Fstatat(s.baseFd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	sst := toSyscallStat(&st)
 	sst.Ino = e.baseIno(sst)
-	return sst, nil
+	return sst, l.sharedBaseName(sst), nil
 }
 
 // Close releases the directory descriptor.

@@ -346,18 +346,3 @@ func (e *Engine) DirSourceOf(p string) (src DirSource, dirfd int) {
 	}
 	return FromBaseInPlace, fd
 }
-
-// SharedWorkspaceFile reports whether p shows, unchanged, a workspace
-// file that other workspace names share (a hard link): the view treats
-// each name as a file of its own, which a write copies up alone, so the
-// kernel must not take the names for one file (fusefs).
-func (e *Engine) SharedWorkspaceFile(p string) bool {
-	e.rlock()
-	defer e.runlock()
-	l, err := e.locate(p)
-	if err != nil || l.m != nil || !l.hasBase {
-		return false
-	}
-	st := e.baseStat(l)
-	return st != nil && st.Mode&syscall.S_IFMT != syscall.S_IFDIR && st.Nlink > 1
-}

@@ -975,10 +975,8 @@ func (e *Engine) RollbackDiff(turnID string, paths []string, force bool) ([]unid
 	return out, plan.conflicts, nil
 }
 
-// walkTree calls fn for p and everything below it in the view, parents
-// first, saying which are directories (nothing when p does not exist).
-// Called with the engine's lock held.
-func (e *Engine) walkTree(p string, fn func(p string, dir bool)) {
+// walkView calls fn for every file and symlink at or below p in the view.
+func (e *Engine) walkView(p string, fn func(string)) {
 	l, err := e.locate(p)
 	if err != nil {
 		return
@@ -987,9 +985,8 @@ func (e *Engine) walkTree(p string, fn func(p string, dir bool)) {
 	if err != nil {
 		return
 	}
-	dir := st.Mode&syscall.S_IFMT == syscall.S_IFDIR
-	fn(p, dir)
-	if !dir {
+	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		fn(p)
 		return
 	}
 	ents, err := e.readDirLocked(p)
@@ -997,17 +994,8 @@ func (e *Engine) walkTree(p string, fn func(p string, dir bool)) {
 		return
 	}
 	for _, d := range ents {
-		e.walkTree(joinPath(p, d.Name), fn)
+		e.walkView(joinPath(p, d.Name), fn)
 	}
-}
-
-// walkView calls fn for every file and symlink at or below p in the view.
-func (e *Engine) walkView(p string, fn func(string)) {
-	e.walkTree(p, func(q string, dir bool) {
-		if !dir {
-			fn(q)
-		}
-	})
 }
 
 func (e *Engine) readBody(hash contenthash.Hash) ([]byte, error) {

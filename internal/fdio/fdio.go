@@ -51,11 +51,11 @@ func (w Writer) Write(p []byte) (int, error) {
 // (another file system, an old kernel, a pipe), or copies nothing without
 // an error although expect says there is something (some kernels do that
 // between certain file systems), it reads and writes instead, from where
-// the copy stopped. A sparse src stays sparse in dst (Sparse).
+// the copy stopped. A sparse src stays sparse in dst (copySparse).
 func Copy(src, dst int, expect int64) (int64, error) {
 	var st unix.Stat_t
 	if unix.Fstat(src, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Blocks*512 < st.Size {
-		if n, ok, err := Sparse(src, dst); ok {
+		if n, ok, err := copySparse(src, dst); ok {
 			return n, err
 		}
 	}
@@ -83,14 +83,14 @@ func copyRest(src, dst int, expect int64) (int64, error) {
 	}
 }
 
-// Sparse copies src from its offset to its end onto dst at its offset,
+// copySparse copies src from its offset to its end onto dst at its offset,
 // only the ranges that hold data (SEEK_DATA, SEEK_HOLE): the holes
 // between them stay holes, and dst is extended to src's length at the end.
 // A 1 GiB file made by truncate copies as the few blocks it has, not as a
 // gigabyte of zeros written out. ok is false, with nothing done, where the
 // file system cannot say where the data is; both offsets end where Copy's
 // would.
-func Sparse(src, dst int) (n int64, ok bool, err error) {
+func copySparse(src, dst int) (n int64, ok bool, err error) {
 	start, err1 := unix.Seek(src, 0, io.SeekCurrent)
 	dstStart, err2 := unix.Seek(dst, 0, io.SeekCurrent)
 	if err1 != nil || err2 != nil {
