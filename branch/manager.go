@@ -42,9 +42,10 @@ type View struct {
 }
 
 // Host opens a branch's view: the daemon mounts the pending set in
-// stateDir at mountpoint and serves its control socket.
+// stateDir at mountpoint and serves its control socket. beforeServe is
+// called with the view's engine before anything can reach it.
 type Host interface {
-	OpenBranch(name, stateDir, mountpoint string) (View, error)
+	OpenBranch(name, stateDir, mountpoint string, beforeServe func(*overlay.Engine)) (View, error)
 }
 
 // Config configures a Manager.
@@ -61,6 +62,10 @@ type record struct {
 	ForkedAt int64  `json:"forkedAt"`
 	// Fork numbers the branch's current fork point (overlay.ForkScope).
 	Fork int `json:"fork"`
+	// Copying is set from the fork's instant until its copy is durable.
+	// The parent cannot change in between (the copy holds its change
+	// gate), so a start that finds it set makes the copy again.
+	Copying bool `json:"copying,omitempty"`
 }
 
 // Manager keeps a mount's branches. Its methods answer the branch/*
@@ -75,9 +80,15 @@ type Manager struct {
 	main  *View
 	reg   []record         // parents before their children
 	views map[string]*View // open branches by name
+	// unserved says why a registered branch is not served.
+	unserved map[string]error
 	// saved is a copy of reg as last saved or loaded, for Infos while
 	// mu is held by a long operation.
 	saved atomic.Pointer[[]record]
+
+	// forkedHook, set only by tests, runs in a fork right after it
+	// answered, before its copy.
+	forkedHook func()
 }
 
 // NewManager returns a manager that answers "not started" until Start.
@@ -85,7 +96,7 @@ func NewManager(cfg Config) *Manager {
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
 	}
-	m := &Manager{cfg: cfg, views: map[string]*View{}}
+	m := &Manager{cfg: cfg, views: map[string]*View{}, unserved: map[string]error{}}
 	m.saved.Store(&[]record{})
 	return m
 }
@@ -135,32 +146,93 @@ func (m *Manager) Start(main View, host Host) error {
 	// not: one that cannot be served now (its mount busy, its journal
 	// damaged) keeps its pending set for the next start, or a drop.
 	registered := map[string]bool{}
-	var errs []error
 	for _, r := range m.reg {
 		registered[r.Name] = true
+	}
+	m.removeStrays(registered)
+	// Forks a crash stopped in their copy, before anything can change
+	// their parents: the main view here, a branch as it opens.
+	errs := m.copyAgainLocked(control.MainBranch, main.Engine)
+	for _, r := range m.reg {
 		if !control.ValidBranchName(r.Name) || (r.Parent != control.MainBranch && m.views[r.Parent] == nil) {
-			errs = append(errs, fmt.Errorf("branch %q (parent %q) is not served: its parent is not; left in %s", r.Name, r.Parent, m.dir()))
+			errs = append(errs, m.notServedLocked(r.Name, fmt.Errorf("its parent %q is not served; left in %s", r.Parent, m.dir())))
 			continue
+		}
+		if m.recordLocked(r.Name).Copying {
+			continue // its copy could not be made again: said above
 		}
 		v, err := m.open(r)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("branch %s is not served: %w; its pending set is kept in %s", r.Name, err, m.stateOf(r.Name)))
+			errs = append(errs, m.notServedLocked(r.Name, fmt.Errorf("%w; its pending set is kept in %s", err, m.stateOf(r.Name))))
 			continue
 		}
 		m.views[r.Name] = v
 	}
 	saved := append([]record(nil), m.reg...)
 	m.saved.Store(&saved)
-	m.removeStrays(registered)
 	if err := m.finishMerges(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
+// notServedLocked notes why the registered branch name is not served,
+// for the clients that name it, and returns it as an error for the log.
+func (m *Manager) notServedLocked(name string, why error) error {
+	m.unserved[name] = why
+	return fmt.Errorf("branch %s is not served: %w", name, why)
+}
+
+// copyAgainLocked makes again the copies of the forks of parent that a
+// crash stopped: the parent has not changed since their instant.
+func (m *Manager) copyAgainLocked(parent string, eng *overlay.Engine) []error {
+	var errs []error
+	for i := range m.reg {
+		r := &m.reg[i]
+		if r.Parent != parent || !r.Copying {
+			continue
+		}
+		if err := m.copyForkLocked(eng, r.Name, overlay.ForkHooks{Copied: func() error {
+			r.Copying = false
+			return m.saveLocked()
+		}}); err != nil {
+			r.Copying = true
+			errs = append(errs, m.notServedLocked(r.Name, fmt.Errorf("its fork, stopped by a crash, could not be copied again: %w", err)))
+			continue
+		}
+		m.cfg.Logf("branches: %s: made the copy of its fork again (a crash had stopped it)", r.Name)
+	}
+	return errs
+}
+
+// copyForkLocked copies the pending set of the view eng into a new state
+// dir for the branch name.
+func (m *Manager) copyForkLocked(eng *overlay.Engine, name string, hooks overlay.ForkHooks) error {
+	state := m.stateOf(name)
+	if err := os.RemoveAll(state); err != nil { // a stray, or a copy a crash stopped
+		return err
+	}
+	if err := os.MkdirAll(state, 0o700); err != nil {
+		return err
+	}
+	return eng.Fork(state, hooks)
+}
+
 // open serves the branch r and makes sure its fork point is open.
 func (m *Manager) open(r record) (*View, error) {
-	v, err := m.host.OpenBranch(r.Name, m.stateOf(r.Name), filepath.Join(m.stateOf(r.Name), "mnt"))
+	// Made only now, so that a path under it fails (ENOENT) rather than
+	// writes into the state dir until the branch is served.
+	// (It exists already after a restart, maybe as a dead mount that a
+	// killed daemon left, which the host clears.)
+	mnt := filepath.Join(m.stateOf(r.Name), "mnt")
+	if err := os.Mkdir(mnt, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, err
+	}
+	v, err := m.host.OpenBranch(r.Name, m.stateOf(r.Name), mnt, func(eng *overlay.Engine) {
+		for _, err := range m.copyAgainLocked(r.Name, eng) {
+			m.cfg.Logf("branches: %v", err)
+		}
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -238,6 +310,9 @@ func (m *Manager) viewLocked(name string) (*View, error) {
 	if v := m.views[name]; v != nil {
 		return v, nil
 	}
+	if why := m.unserved[name]; why != nil && m.recordLocked(name) != nil {
+		return nil, control.Errorf(control.CodeInvalidState, "branch %s is not served: %v (stagefs branch --drop %s removes it)", name, why, name)
+	}
 	return nil, control.Errorf(control.CodeNotFound, "no branch %q (stagefs branches lists them)", name)
 }
 
@@ -284,10 +359,20 @@ func (m *Manager) relPaths(ps []string) ([]string, error) {
 	return out, nil
 }
 
-// CreateBranch forks p.Name from p.From (the main view by default).
+// CreateBranch forks p.Name from p.From (the main view by default). It
+// answers at the fork's instant, once the branch is registered; the copy
+// of the parent's pending set goes on after, holding the parent's change
+// gate and this manager's lock, so that every change in the parent and
+// every use of a branch waits for it, and the branch is served when it is
+// done.
 func (m *Manager) CreateBranch(ctx context.Context, p control.BranchParams) (control.BranchInfo, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	handedOver := false
+	defer func() {
+		if !handedOver {
+			m.mu.Unlock()
+		}
+	}()
 	if err := m.started(); err != nil {
 		return control.BranchInfo{}, err
 	}
@@ -298,35 +383,95 @@ func (m *Manager) CreateBranch(ctx context.Context, p control.BranchParams) (con
 	if err != nil {
 		return control.BranchInfo{}, err
 	}
-	from := p.From
-	if from == "" {
-		from = control.MainBranch
+	r := record{Name: p.Name, Parent: p.From, ForkedAt: time.Now().UnixNano(), Copying: true}
+	if r.Parent == "" {
+		r.Parent = control.MainBranch
 	}
-	state := m.stateOf(p.Name)
-	if err := os.RemoveAll(state); err != nil { // a stray a crash left
+	delete(m.unserved, p.Name)
+	forked := make(chan error, 1)
+	handedOver = true
+	go m.fork(parent, r, forked)
+	if err := <-forked; err != nil {
 		return control.BranchInfo{}, err
 	}
-	if err := os.MkdirAll(filepath.Join(state, "mnt"), 0o700); err != nil {
-		return control.BranchInfo{}, err
+	return m.pathsOf(r), nil
+}
+
+// fork forks r from parent, holding m.mu (handed over by CreateBranch,
+// let go of here): it answers on forked once r is registered, then copies
+// and serves the branch.
+func (m *Manager) fork(parent *View, r record, forked chan<- error) {
+	defer m.mu.Unlock()
+	answered := false
+	defer func() {
+		// A bug here must not take the daemon, its mounts and every
+		// other view down with it.
+		if v := recover(); v != nil {
+			err := fmt.Errorf("fork %s: %v", r.Name, v)
+			m.cfg.Logf("branches: %v", err)
+			if !answered {
+				forked <- err
+			} else {
+				m.unserved[r.Name] = err
+			}
+		}
+	}()
+	err := m.copyForkLocked(parent.Engine, r.Name, overlay.ForkHooks{
+		Forked: func() error {
+			m.reg = append(m.reg, r)
+			if err := m.saveLocked(); err != nil {
+				m.reg = m.reg[:len(m.reg)-1]
+				return err
+			}
+			answered = true
+			forked <- nil
+			if m.forkedHook != nil {
+				m.forkedHook()
+			}
+			return nil
+		},
+		Copied: func() error {
+			m.recordLocked(r.Name).Copying = false
+			return m.saveLocked()
+		},
+	})
+	if !answered {
+		os.RemoveAll(m.stateOf(r.Name))
+		forked <- control.Errorf(control.CodeInvalidState, "fork %s: %v", r.Parent, err)
+		return
 	}
-	if err := parent.Engine.Fork(state); err != nil {
-		os.RemoveAll(state)
-		return control.BranchInfo{}, control.Errorf(control.CodeInvalidState, "fork %s: %v", from, err)
-	}
-	r := record{Name: p.Name, Parent: from, ForkedAt: time.Now().UnixNano()}
-	m.reg = append(m.reg, r)
-	if err := m.saveLocked(); err != nil {
-		m.reg = m.reg[:len(m.reg)-1]
-		os.RemoveAll(state)
-		return control.BranchInfo{}, err
+	if err != nil {
+		// Answered already: the branch goes, and its name says why.
+		m.cfg.Logf("branches: the copy of %s's fork failed: %v; it is removed", r.Name, err)
+		m.removeLocked(r.Name)
+		m.unserved[r.Name] = fmt.Errorf("its fork failed in its copy and it was removed: %w", err)
+		return
 	}
 	v, err := m.open(r)
 	if err != nil {
 		// Registered: the next start serves it, or says why not.
-		return control.BranchInfo{}, fmt.Errorf("branch %s was made but cannot be served: %w", p.Name, err)
+		m.cfg.Logf("%v", m.notServedLocked(r.Name, err))
+		return
 	}
-	m.views[p.Name] = v
-	return m.infoLocked(r), nil
+	m.views[r.Name] = v
+}
+
+// removeLocked unregisters the branch name and removes its state dir.
+func (m *Manager) removeLocked(name string) error {
+	var kept []record
+	for _, c := range m.reg {
+		if c.Name != name {
+			kept = append(kept, c)
+		}
+	}
+	m.reg = kept
+	if err := m.saveLocked(); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(m.stateOf(name)); err != nil {
+		m.cfg.Logf("branches: remove %s: %v (removed at the next start)", name, err)
+	}
+	return nil
 }
 
 // DropBranch stops serving a branch and removes it with its pending set.
@@ -358,20 +503,8 @@ func (m *Manager) DropBranch(ctx context.Context, p control.BranchParams) (contr
 		v.Close()
 		delete(m.views, p.Name)
 	}
-	var kept []record
-	for _, c := range m.reg {
-		if c.Name != p.Name {
-			kept = append(kept, c)
-		}
-	}
-	m.reg = kept
-	if err := m.saveLocked(); err != nil {
-		return info, err
-	}
-	if err := os.RemoveAll(m.stateOf(p.Name)); err != nil {
-		m.cfg.Logf("branches: remove %s: %v (removed at the next start)", p.Name, err)
-	}
-	return info, nil
+	delete(m.unserved, p.Name)
+	return info, m.removeLocked(p.Name)
 }
 
 // ListBranches lists the branches, oldest first.
@@ -393,10 +526,7 @@ func (m *Manager) Infos() []control.BranchInfo {
 	out := []control.BranchInfo{}
 	if !m.mu.TryLock() {
 		for _, r := range *m.saved.Load() {
-			info := control.BranchInfo{Name: r.Name, Parent: r.Parent, ForkedAt: r.ForkedAt}
-			info.Mount = filepath.Join(m.stateOf(r.Name), "mnt")
-			info.Socket = filepath.Join(m.stateOf(r.Name), "control.sock")
-			out = append(out, info)
+			out = append(out, m.pathsOf(r))
 		}
 		return out
 	}
@@ -407,6 +537,13 @@ func (m *Manager) Infos() []control.BranchInfo {
 	return out
 }
 
+// pathsOf describes r without its pending counts, as it is or will be
+// served.
+func (m *Manager) pathsOf(r record) control.BranchInfo {
+	return control.BranchInfo{Name: r.Name, Parent: r.Parent, ForkedAt: r.ForkedAt,
+		Mount: filepath.Join(m.stateOf(r.Name), "mnt"), Socket: filepath.Join(m.stateOf(r.Name), "control.sock")}
+}
+
 func (m *Manager) infoLocked(r record) control.BranchInfo {
 	info := control.BranchInfo{Name: r.Name, Parent: r.Parent, ForkedAt: r.ForkedAt}
 	if v := m.views[r.Name]; v != nil {
@@ -415,6 +552,8 @@ func (m *Manager) infoLocked(r record) control.BranchInfo {
 			info.Pending++
 			info.PendingBytes += c.Bytes
 		}
+	} else if why := m.unserved[r.Name]; why != nil {
+		info.NotServed = why.Error()
 	}
 	return info
 }

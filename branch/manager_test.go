@@ -2,9 +2,11 @@ package branch
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -36,8 +38,18 @@ func openView(t *testing.T, ws, state string) View {
 	}}
 }
 
-func (h *engineHost) OpenBranch(name, stateDir, mountpoint string) (View, error) {
-	return openView(h.t, h.ws, stateDir), nil
+func (h *engineHost) OpenBranch(name, stateDir, mountpoint string, beforeServe func(*overlay.Engine)) (View, error) {
+	v := openView(h.t, h.ws, stateDir)
+	beforeServe(v.Engine)
+	return v, nil
+}
+
+// served waits for what a fork does after it answered and returns the
+// view name as served.
+func (m *Manager) served(name string) *View {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.views[name]
 }
 
 // proc is a process of the test: its changes are captured.
@@ -80,7 +92,7 @@ func TestMergeAppliesConflictsAndMovesTheForkPoint(t *testing.T) {
 	write(t, main.Engine, "pending-at-fork", "p\n")
 	_, err := m.CreateBranch(ctx, control.BranchParams{Name: "b"})
 	require.NoError(t, err)
-	b := m.views["b"].Engine
+	b := m.served("b").Engine
 	require.Equal(t, "p\n", read(t, b, "pending-at-fork"), "the fork has the parent's pending set")
 
 	write(t, b, "f", "branch\n")
@@ -127,7 +139,7 @@ func TestUnfinishedMergeIsFinishedAtStart(t *testing.T) {
 	ctx := context.Background()
 	_, err := m.CreateBranch(ctx, control.BranchParams{Name: "b"})
 	require.NoError(t, err)
-	b := m.views["b"].Engine
+	b := m.served("b").Engine
 	write(t, b, "one", "1\n")
 	write(t, b, "two", "2\n")
 	// As if the merge had applied "one", truncated "two" and died there.
@@ -179,7 +191,7 @@ func TestBranchDiff(t *testing.T) {
 	ctx := context.Background()
 	_, err := m.CreateBranch(ctx, control.BranchParams{Name: "b"})
 	require.NoError(t, err)
-	b := m.views["b"].Engine
+	b := m.served("b").Engine
 	write(t, b, "f", "branch\n")
 	write(t, b, "new", "new\n")
 	write(t, main.Engine, "f", "main\n")
@@ -211,7 +223,7 @@ func TestMergeOfADirectoryRename(t *testing.T) {
 	}
 	_, err := m.CreateBranch(ctx, control.BranchParams{Name: "b"})
 	require.NoError(t, err)
-	b := m.views["b"].Engine
+	b := m.served("b").Engine
 	write(t, b, "d/a", "a before the move\n")
 	require.NoError(t, b.Rename("d", "e", 0, proc))
 	write(t, b, "e/b", "b after the move\n")
@@ -258,7 +270,7 @@ func TestMergeOfADirectoryRenameConflicts(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(ws, "d/a"), []byte("a\n"), 0o644))
 	_, err := m.CreateBranch(ctx, control.BranchParams{Name: "b"})
 	require.NoError(t, err)
-	b := m.views["b"].Engine
+	b := m.served("b").Engine
 	require.NoError(t, b.Rename("d", "e", 0, proc))
 	write(t, main.Engine, "d/extra", "the parent's\n")
 
@@ -286,7 +298,7 @@ func TestMergePathsAsTyped(t *testing.T) {
 	ctx := context.Background()
 	_, err := m.CreateBranch(ctx, control.BranchParams{Name: "b"})
 	require.NoError(t, err)
-	b := m.views["b"].Engine
+	b := m.served("b").Engine
 	_, err = b.Mkdir("src", 0o755, proc)
 	require.NoError(t, err)
 	write(t, b, "src/a", "a\n")
@@ -300,4 +312,83 @@ func TestMergePathsAsTyped(t *testing.T) {
 	require.ErrorContains(t, err, "outside the workspace")
 	_, err = m.Merge(ctx, control.MergeParams{Name: "b", Paths: []string{"../x"}})
 	require.Error(t, err)
+}
+
+// A fork answers at its instant and copies after: a change the parent
+// makes meanwhile waits for the copy and is not in the branch.
+func TestForkAnswersFirstAndTheParentWaitsForItsCopy(t *testing.T) {
+	m, main, _ := setup(t)
+	ctx := context.Background()
+	write(t, main.Engine, "f", "at the fork\n")
+	copying := make(chan struct{})
+	m.forkedHook = func() { <-copying }
+	_, err := m.CreateBranch(ctx, control.BranchParams{Name: "b"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"b"}, func() (names []string) {
+		for _, b := range m.Infos() {
+			names = append(names, b.Name)
+		}
+		return names
+	}(), "the branch is listed from its fork's instant")
+
+	changed := make(chan struct{})
+	go func() {
+		write(t, main.Engine, "f", "after the fork\n")
+		close(changed)
+	}()
+	select {
+	case <-changed:
+		t.Fatal("the parent changed while its fork was being copied")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(copying)
+	<-changed
+	require.Equal(t, "at the fork\n", read(t, m.served("b").Engine, "f"))
+	require.Equal(t, "after the fork\n", read(t, main.Engine, "f"))
+}
+
+// A fork a crash stopped in its copy (registered, copy unfinished) is
+// copied again at the next start, before its parent can change: a branch's
+// too, from the branch as it opens.
+func TestStartCopiesAgainAForkACrashStopped(t *testing.T) {
+	ws, state := t.TempDir(), t.TempDir()
+	ctx := context.Background()
+	main := openView(t, ws, state)
+	m := NewManager(Config{State: state, Workspace: ws, Logf: t.Logf})
+	require.NoError(t, m.Start(main, &engineHost{t: t, ws: ws}))
+	write(t, main.Engine, "f", "main's f\n")
+	_, err := m.CreateBranch(ctx, control.BranchParams{Name: "b"})
+	require.NoError(t, err)
+	write(t, m.served("b").Engine, "g", "b's g\n")
+	m.Close()
+	main.Close()
+
+	// As a kill leaves them: both registered, neither copy finished (c
+	// forked from b, a's copy half made).
+	reg := []record{
+		{Name: "a", Parent: control.MainBranch, ForkedAt: 1, Copying: true},
+		{Name: "b", Parent: control.MainBranch, ForkedAt: 2},
+		{Name: "c", Parent: "b", ForkedAt: 3, Copying: true},
+	}
+	b, err := json.Marshal(reg)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(state, "branches", "branches.json"), b, 0o600))
+	require.NoError(t, os.MkdirAll(filepath.Join(state, "branches", "a", "upper"), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(state, "branches", "a", "upper", "half"), []byte("x"), 0o600))
+
+	main = openView(t, ws, state)
+	m = NewManager(Config{State: state, Workspace: ws, Logf: t.Logf})
+	require.NoError(t, m.Start(main, &engineHost{t: t, ws: ws}))
+	defer func() { m.Close(); main.Close() }()
+	a, c := m.served("a"), m.served("c")
+	require.NotNil(t, a)
+	require.NotNil(t, c)
+	require.Equal(t, "main's f\n", read(t, a.Engine, "f"))
+	_, err = a.Engine.Stat("half")
+	require.ErrorIs(t, err, unix.ENOENT, "what the stopped copy had made is still there")
+	require.Equal(t, "main's f\n", read(t, c.Engine, "f"))
+	require.Equal(t, "b's g\n", read(t, c.Engine, "g"))
+	for _, r := range *m.saved.Load() {
+		require.False(t, r.Copying, "%s is still marked as being copied", r.Name)
+	}
 }

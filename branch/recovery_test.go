@@ -51,7 +51,7 @@ func TestFinishedMergeLeavesNoStaleIntent(t *testing.T) {
 	require.NoError(t, m.Start(main, &engineHost{t: t, ws: ws}))
 	_, err := m.CreateBranch(ctx, control.BranchParams{Name: "b"})
 	require.NoError(t, err)
-	write(t, m.views["b"].Engine, "f", "branch 1\n")
+	write(t, m.served("b").Engine, "f", "branch 1\n")
 	// As if killed after applying f, before merge_end.
 	require.NoError(t, main.Engine.NoteMergeBegin(overlay.MergeIntent{Branch: "b", Paths: []string{"f"}}))
 	write(t, main.Engine, "f", "branch 1\n")
@@ -65,7 +65,7 @@ func TestFinishedMergeLeavesNoStaleIntent(t *testing.T) {
 	require.NoError(t, m.Start(main, &engineHost{t: t, ws: ws}))
 	// Later work: the parent and the branch both change f.
 	write(t, main.Engine, "f", "main's own edit\n")
-	write(t, m.views["b"].Engine, "f", "branch 2\n")
+	write(t, m.served("b").Engine, "f", "branch 2\n")
 	m.Close()
 	main.Close()
 
@@ -90,7 +90,7 @@ func TestFinishingForcesNoConflictBelowAListedDir(t *testing.T) {
 	require.NoError(t, m.Start(main, &engineHost{t: t, ws: ws}))
 	_, err := m.CreateBranch(ctx, control.BranchParams{Name: "b"})
 	require.NoError(t, err)
-	b := m.views["b"].Engine
+	b := m.served("b").Engine
 	mode := uint32(0o700)
 	_, err = b.Setattr("d", -1, overlay.SetAttr{Mode: &mode}, proc)
 	require.NoError(t, err)
@@ -117,7 +117,7 @@ func TestConflictKeptFromMakeParents(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(ws, "a"), []byte("base a\n"), 0o644))
 	_, err := m.CreateBranch(ctx, control.BranchParams{Name: "b"})
 	require.NoError(t, err)
-	b := m.views["b"].Engine
+	b := m.served("b").Engine
 	require.NoError(t, b.Unlink("a", proc))
 	_, err = b.Mkdir("a", 0o755, proc)
 	require.NoError(t, err)
@@ -137,11 +137,11 @@ type failingHost struct {
 	fail string
 }
 
-func (h *failingHost) OpenBranch(name, stateDir, mountpoint string) (View, error) {
+func (h *failingHost) OpenBranch(name, stateDir, mountpoint string, beforeServe func(*overlay.Engine)) (View, error) {
 	if name == h.fail {
 		return View{}, errors.New("mount: device or resource busy")
 	}
-	return h.engineHost.OpenBranch(name, stateDir, mountpoint)
+	return h.engineHost.OpenBranch(name, stateDir, mountpoint, beforeServe)
 }
 
 // A branch that cannot be served at one start (its mount is busy, its
@@ -154,7 +154,7 @@ func TestStartKeepsABranchItCannotOpen(t *testing.T) {
 	require.NoError(t, m.Start(main, &engineHost{t: t, ws: ws}))
 	_, err := m.CreateBranch(ctx, control.BranchParams{Name: "b"})
 	require.NoError(t, err)
-	write(t, m.views["b"].Engine, "work", "an hour of the agent's work\n")
+	write(t, m.served("b").Engine, "work", "an hour of the agent's work\n")
 	m.Close()
 	main.Close()
 
@@ -174,7 +174,7 @@ func TestConflictSurvivesAHeldWriter(t *testing.T) {
 	ctx := context.Background()
 	_, err := m.CreateBranch(ctx, control.BranchParams{Name: "b"})
 	require.NoError(t, err)
-	b := m.views["b"].Engine
+	b := m.served("b").Engine
 	write(t, b, "g", "branch g\n")
 	write(t, main.Engine, "g", "main g\n")
 	// An agent's process keeps g open for writing (passthrough).

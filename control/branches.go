@@ -93,6 +93,10 @@ type BranchInfo struct {
 	Socket       string `json:"socket"` // its control socket
 	Pending      int    `json:"pending"`
 	PendingBytes int64  `json:"pendingBytes"`
+	// NotServed says why a registered branch is not served (its mount
+	// and socket are then empty): it is kept on disk, with its pending
+	// set, for the next start or a drop.
+	NotServed string `json:"notServed,omitempty"`
 }
 
 // ListBranchesResult lists a mount's branches, oldest first.
@@ -157,7 +161,8 @@ type MergeConflict struct {
 	Parent string `json:"parent"`
 }
 
-// CreateBranch calls branch/create.
+// CreateBranch calls branch/create, which answers at the fork's instant,
+// before the branch is served: ListBranches waits for that.
 func (c *Client) CreateBranch(ctx context.Context, p BranchParams) (BranchInfo, error) {
 	var r BranchInfo
 	err := c.Call(ctx, MethodBranchCreate, p, &r)

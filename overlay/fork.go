@@ -12,14 +12,25 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// ForkHooks are called by Fork while it holds the change gate.
+type ForkHooks struct {
+	// Forked is called once the gate is held, before the copy: the fork's
+	// instant. An error stops the fork before anything was copied.
+	Forked func() error
+	// Copied is called once the copy is durable, before the gate is let
+	// go of: the last moment at which nothing has changed since Forked.
+	Copied func() error
+}
+
 // Fork writes, into the new state dir dst, a pending set equal to this
 // engine's at this instant: a copy of the upper tree with each meta placed
 // for its new directory, and the inode map, so that an engine opened on
 // dst over the same workspace shows what this one shows, inode numbers
 // included, and from then on changes on its own (a branch). The change
 // gate is held throughout, so no change falls half into the copy; the cost
-// is that of copying the pending set, never the workspace.
-func (e *Engine) Fork(dst string) error {
+// is that of copying the pending set, never the workspace. The hooks let a
+// caller answer at the fork's instant and finish before changes resume.
+func (e *Engine) Fork(dst string, hooks ForkHooks) error {
 	e.lockGate()
 	defer e.unlockGate()
 	e.rlock()
@@ -27,6 +38,22 @@ func (e *Engine) Fork(dst string) error {
 	if e.mode != Staged {
 		return errors.New("only a staged mount can fork: in immediate mode nothing is pending")
 	}
+	if hooks.Forked != nil {
+		if err := hooks.Forked(); err != nil {
+			return err
+		}
+	}
+	if err := e.forkCopy(dst); err != nil {
+		return err
+	}
+	if hooks.Copied != nil {
+		return hooks.Copied()
+	}
+	return nil
+}
+
+// forkCopy is Fork's copy, made under its locks.
+func (e *Engine) forkCopy(dst string) error {
 	if err := os.MkdirAll(filepath.Join(dst, "upper"), 0o700); err != nil {
 		return err
 	}

@@ -92,7 +92,7 @@ func TestForkIsAnIndependentEqualPendingSet(t *testing.T) {
 	require.NoError(t, err)
 
 	want := forkView(t, e)
-	require.NoError(t, e.Fork(forked))
+	require.NoError(t, e.Fork(forked, ForkHooks{}))
 	b, err := New(Options{Workspace: ws, StateDir: forked, Mode: Staged, Logf: func(f string, a ...any) {
 		t.Errorf("the fork logged at start-up: "+f, a...)
 	}})

@@ -43,10 +43,33 @@ func runBranch(ctx context.Context, args []string) error {
 		fmt.Printf("dropped branch %s (%d pending change(s) with it)\n", info.Name, info.Pending)
 		return nil
 	}
+	// The fork answers at its instant; its copy and mount follow, and
+	// listing the branches waits for them.
+	if info, err = served(ctx, c, info.Name); err != nil {
+		return err
+	}
 	fmt.Printf("branch %s forked from %s: %d pending change(s), mounted at %s\n", info.Name, info.Parent, info.Pending, info.Mount)
 	fmt.Printf("  work in it: stagefs run --branch %s -- CMD   (at the workspace's own path)\n", info.Name)
 	fmt.Printf("  merge it:   stagefs merge %s\n", info.Name)
 	return nil
+}
+
+// served returns the branch name once it is served, or why it is not.
+func served(ctx context.Context, c *control.Client, name string) (control.BranchInfo, error) {
+	res, err := c.ListBranches(ctx)
+	if err != nil {
+		return control.BranchInfo{}, err
+	}
+	for _, b := range res.Branches {
+		if b.Name != name {
+			continue
+		}
+		if b.Mount == "" {
+			return b, fmt.Errorf("branch %s was forked but is not served: %s", name, b.NotServed)
+		}
+		return b, nil
+	}
+	return control.BranchInfo{}, fmt.Errorf("branch %s was forked, but its copy failed and it was removed (the daemon's log says why)", name)
 }
 
 func runBranches(ctx context.Context, args []string) error {
@@ -73,7 +96,7 @@ func runBranches(ctx context.Context, args []string) error {
 		if mount == "" {
 			// Registered, but it could not be served at the daemon's
 			// start; its pending set is kept (daemon.log says why).
-			mount = "(not served: see the daemon's log)"
+			mount = "(not served: " + b.NotServed + ")"
 		}
 		fmt.Printf("%-20s %-20s %-20s %8d %10s  %s\n", b.Name, b.Parent, forked, b.Pending, humanBytes(b.PendingBytes), mount)
 	}

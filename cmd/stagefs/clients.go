@@ -127,6 +127,9 @@ func dialBranch(c *control.Client, name string) (*control.Client, error) {
 		sock = res.MainSocket
 	}
 	for _, b := range res.Branches {
+		if b.Name == name && b.NotServed != "" {
+			return nil, fmt.Errorf("branch %s is not served: %s", name, b.NotServed)
+		}
 		if b.Name == name {
 			sock = b.Socket
 		}
