@@ -507,13 +507,18 @@ func (m *Manager) DropBranch(ctx context.Context, p control.BranchParams) (contr
 	return info, m.removeLocked(p.Name)
 }
 
-// ListBranches lists the branches, oldest first.
+// ListBranches lists the branches, oldest first. Unlike Infos it waits
+// for a fork, drop or merge that runs: a client that asks for a branch it
+// just forked gets it served.
 func (m *Manager) ListBranches(ctx context.Context) (control.ListBranchesResult, error) {
-	res := control.ListBranchesResult{Branches: m.Infos()}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	res := control.ListBranchesResult{Branches: []control.BranchInfo{}}
 	if err := m.started(); err != nil {
 		return res, err
+	}
+	for _, r := range m.reg {
+		res.Branches = append(res.Branches, m.infoLocked(r))
 	}
 	res.MainMount, res.MainSocket = m.main.Mount, m.main.Socket
 	return res, nil

@@ -331,18 +331,28 @@ func TestForkAnswersFirstAndTheParentWaitsForItsCopy(t *testing.T) {
 		return names
 	}(), "the branch is listed from its fork's instant")
 
-	changed := make(chan struct{})
+	changed, listed := make(chan struct{}), make(chan control.ListBranchesResult)
 	go func() {
 		write(t, main.Engine, "f", "after the fork\n")
 		close(changed)
 	}()
+	go func() {
+		res, err := m.ListBranches(ctx)
+		require.NoError(t, err)
+		listed <- res
+	}()
 	select {
 	case <-changed:
 		t.Fatal("the parent changed while its fork was being copied")
+	case <-listed:
+		t.Fatal("branch/list answered before the new branch was served")
 	case <-time.After(100 * time.Millisecond):
 	}
 	close(copying)
 	<-changed
+	res := <-listed
+	require.Len(t, res.Branches, 1)
+	require.Equal(t, 1, res.Branches[0].Pending, "the branch is listed with its pending set")
 	require.Equal(t, "at the fork\n", read(t, m.served("b").Engine, "f"))
 	require.Equal(t, "after the fork\n", read(t, main.Engine, "f"))
 }
