@@ -533,7 +533,7 @@ func (r *commitRun) moveOwnSourceAside(p string, m *meta) error {
 // source of the directory rename m, is the directory the rename was staged
 // with (with force, any directory).
 func (r *commitRun) checkSource(m *meta, sst *syscall.Stat_t) error {
-	if sst == nil || sst.Mode&syscall.S_IFMT != syscall.S_IFDIR || (r.e.baseIno(sst) != m.Ino && !r.force) {
+	if sst == nil || sst.Mode&syscall.S_IFMT != syscall.S_IFDIR || (!r.e.isBaseIno(sst, m.Ino) && !r.force) {
 		return &conflictError{expected: fmt.Sprintf("directory %s (ino %d)", m.Redirect, m.Ino), actual: "missing or replaced in the workspace"}
 	}
 	return nil
@@ -691,7 +691,7 @@ func (r *commitRun) resumeMovesAside(sel []string) {
 			rest := strings.TrimPrefix(src, q)
 			for n := 0; n < moveAsideTries; n++ {
 				tmp := moveAsideName(q, n)
-				if st, err := e.base.lstat(tmp + rest); err == nil && st.Mode&syscall.S_IFMT == syscall.S_IFDIR && e.baseIno(st) == m.Ino {
+				if st, err := e.base.lstat(tmp + rest); err == nil && st.Mode&syscall.S_IFMT == syscall.S_IFDIR && e.isBaseIno(st, m.Ino) {
 					if err := r.rewriteSources(q, tmp, nil); err != nil {
 						e.logf("commit: point the renames from %s at %s: %v", q, tmp, err)
 					}
@@ -722,7 +722,7 @@ func (r *commitRun) resumeMovesAside(sel []string) {
 // is the one the rename was staged with.
 func (r *commitRun) movedAsideFrom(m *meta) (string, string) {
 	st, err := r.e.base.lstat(m.Redirect)
-	if err != nil || r.e.baseIno(st) != m.Ino {
+	if err != nil || !r.e.isBaseIno(st, m.Ino) {
 		return "", ""
 	}
 	parts := strings.Split(m.Redirect, "/")
@@ -852,7 +852,7 @@ func (r *commitRun) applyRedirect(p string, m *meta) error {
 	src := m.Redirect
 	sst, _ := e.base.lstat(src)
 	dst, _ := e.base.lstat(p)
-	if sst == nil && dst != nil && dst.Mode&syscall.S_IFMT == syscall.S_IFDIR && e.baseIno(dst) == m.Ino {
+	if sst == nil && dst != nil && dst.Mode&syscall.S_IFMT == syscall.S_IFDIR && e.isBaseIno(dst, m.Ino) {
 		return r.finishRedirect(p, m, src) // renamed before a crash
 	}
 	if err := r.checkSource(m, sst); err != nil {
@@ -975,7 +975,7 @@ func (r *commitRun) deleteMovedDir(p string, m *meta) error {
 	e := r.e
 	src := r.deletedRedirectBase(p)
 	if st, _ := e.base.lstat(src); st != nil {
-		if st.Mode&syscall.S_IFMT != syscall.S_IFDIR || (e.baseIno(st) != m.Ino && !r.force) {
+		if st.Mode&syscall.S_IFMT != syscall.S_IFDIR || (!e.isBaseIno(st, m.Ino) && !r.force) {
 			return &conflictError{expected: fmt.Sprintf("directory %s (ino %d)", src, m.Ino), actual: "replaced in the workspace"}
 		}
 		if err := r.removeBase(src, st); err != nil {
@@ -1629,7 +1629,7 @@ func (e *Engine) dropCommitted(p string) {
 		nm.Container, nm.Deleted, nm.Opaque, nm.Redirect = true, false, false, ""
 		if st, err := e.base.lstat(p); err == nil {
 			nm.Base = baselineOf(st)
-			nm.Ino = e.baseIno(st)
+			nm.Ino = e.baseInoAt(p, st)
 		}
 		if e.writeMeta(p, &nm) == nil {
 			*m = nm

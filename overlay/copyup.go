@@ -26,6 +26,9 @@ func (e *Engine) writeMetaFor(p, dest string, m *meta) error {
 	if err := e.upper.setxattr(p, metaXattr, m.encode(), 0); err != nil {
 		return err
 	}
+	if p == dest {
+		e.noteShown(p, m) // a number changed in place (a rename notes it as it moves the entry)
+	}
 	m.unsaved = false
 	return nil
 }
@@ -76,7 +79,7 @@ func (e *Engine) ensureUpperDir(p string) error {
 	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
 		return syscall.ENOTDIR
 	}
-	m := &meta{Kind: KindDir, Container: true, Ino: e.baseIno(st), Base: baselineOf(st), Time: time.Now().UnixNano()}
+	m := &meta{Kind: KindDir, Container: true, Ino: e.baseInoAt(p, st), Base: baselineOf(st), Time: time.Now().UnixNano()}
 	restoreTimes := e.keepDirTimes(dir)
 	defer restoreTimes()
 	err = e.upper.withParent(p, func(dirfd int, _ string) error {
@@ -179,7 +182,7 @@ func (e *Engine) copyUpFrom(p string, l loc, bst *syscall.Stat_t, why copyFor, c
 		return nil, err
 	}
 	c = e.named(c)
-	m := &meta{Ino: e.baseIno(st), Base: baselineOf(st), Pid: c.Pid, Comm: c.Comm, Time: time.Now().UnixNano(), AttrOnly: why == forAttrs}
+	m := &meta{Ino: e.baseInoAt(p, st), Base: baselineOf(st), Pid: c.Pid, Comm: c.Comm, Time: time.Now().UnixNano(), AttrOnly: why == forAttrs}
 	if st.Nlink > 1 {
 		// One name of a workspace hard link, copied up alone: a file of
 		// its own from now on, with a number of its own (the upper

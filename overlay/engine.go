@@ -129,8 +129,12 @@ type Engine struct {
 	mu       sync.RWMutex
 	index    map[string]*meta           // upper entries by path
 	children map[string]map[string]bool // upper dir path -> names of its upper entries
-	mode     Mode
-	writers  map[uint64]int // upper inode -> open writable handles (commit refuses those files)
+	// showing and shownAt: which pending paths show which workspace
+	// inode number (shownino.go).
+	showing map[uint64][]string
+	shownAt map[string]uint64
+	mode    Mode
+	writers map[uint64]int // upper inode -> open writable handles (commit refuses those files)
 	// strayTemps are commit temporaries a commit could not remove, its
 	// directory being out of reach then (replaced by a symlink, say);
 	// every commit tries again first. Guarded by mu.
@@ -214,6 +218,8 @@ func New(opts Options) (*Engine, error) {
 		logf:     opts.Logf,
 		index:    map[string]*meta{},
 		children: map[string]map[string]bool{},
+		showing:  map[uint64][]string{},
+		shownAt:  map[string]uint64{},
 		mode:     opts.Mode,
 		writers:  map[uint64]int{},
 		base:     layer{fd: -1},
@@ -482,7 +488,7 @@ func (e *Engine) readMeta(p string, st *syscall.Stat_t, dirIno uint64) (*meta, e
 	m := &meta{uino: st.Ino, Time: time.Now().UnixNano()}
 	if bst, _ := e.loadBaseStat(p); bst != nil {
 		m.Base = baselineOf(bst)
-		m.Ino = e.baseIno(bst)
+		m.Ino = e.baseInoAt(p, bst)
 	}
 	switch st.Mode & syscall.S_IFMT {
 	case syscall.S_IFDIR:
@@ -559,6 +565,7 @@ func (e *Engine) relinkBaseline(p string, m *meta) {
 // setEntry puts m at p in the index.
 func (e *Engine) setEntry(p string, m *meta) {
 	e.index[p] = m
+	e.noteShown(p, m)
 	dir, name := splitPath(p)
 	c := e.children[dir]
 	if c == nil {
@@ -577,6 +584,7 @@ func (e *Engine) dropEntry(p string) {
 		delete(e.children, p)
 	}
 	delete(e.index, p)
+	e.dropShown(p)
 	dir, name := splitPath(p)
 	if c := e.children[dir]; c != nil {
 		delete(c, name)
@@ -632,7 +640,7 @@ func (e *Engine) isBaseOf(b Baseline, shown uint64) bool {
 	if b.Ino == 0 {
 		return false
 	}
-	if b.Ino == shown {
+	if b.Ino == shown || b.Ino|reservedBit == shown {
 		return true
 	}
 	return e.inos != nil && e.inos.shownFor(b.Ino) == shown
@@ -772,7 +780,7 @@ func (e *Engine) statLoc(p string, l loc) (*syscall.Stat_t, error) {
 	if err != nil {
 		return nil, err
 	}
-	st.Ino = e.baseIno(st)
+	st.Ino = e.viewIno(st)
 	if p == "" {
 		e.rootTimes(st)
 	}

@@ -514,7 +514,7 @@ func (e *Engine) fstatShown(fd int, m *meta) (*syscall.Stat_t, error) {
 	if m != nil {
 		decorate(st, m)
 	} else {
-		st.Ino = e.baseIno(st)
+		st.Ino = e.viewIno(st)
 	}
 	return st, nil
 }
@@ -847,7 +847,7 @@ func (e *Engine) readDirLocked(p string) ([]Dirent, error) {
 				if (e.mode == Staged && e.index[q] != nil) || e.isHidden(q) {
 					continue
 				}
-				d.Ino = e.baseInoDirent(d.Ino)
+				d.Ino = e.direntIno(d.Ino)
 				out = append(out, d)
 			}
 		} else if l.m == nil {
@@ -1652,7 +1652,7 @@ func (e *Engine) setattrLocked(p string, fd int, a SetAttr, c Caller) (*syscall.
 	if m != nil {
 		decorate(st, m)
 	} else {
-		st.Ino = e.baseIno(st)
+		st.Ino = e.viewIno(st)
 	}
 	return st, nil
 }
@@ -1673,7 +1673,7 @@ func (e *Engine) rootSetattrLocked(a SetAttr) (*syscall.Stat_t, error) {
 		e.logf("staged mode: refused an owner or mode change of the mount's root (the workspace's own directory is changed only in immediate mode)")
 		return nil, syscall.EPERM
 	}
-	st.Ino = e.baseIno(st)
+	st.Ino = e.viewIno(st)
 	return st, nil
 }
 
@@ -1956,7 +1956,7 @@ func (s *DirStatter) LookupStat(name string) (*syscall.Stat_t, bool, error) {
 		return nil, false, err
 	}
 	sst := toSyscallStat(&st)
-	sst.Ino = e.baseIno(sst)
+	sst.Ino = e.viewIno(sst)
 	return sst, l.sharedBaseName(sst), nil
 }
 

@@ -676,7 +676,7 @@ func (e *Engine) normalize(p string) {
 		nm.Opaque = false
 		nm.Container = m.Redirect == "" && ust.Mode&0o7777 == bst.Mode&0o7777 && ust.Uid == bst.Uid && ust.Gid == bst.Gid
 		if nm.Container {
-			nm.Base, nm.Ino = baselineOf(bst), e.baseIno(bst)
+			nm.Base, nm.Ino = baselineOf(bst), e.baseInoAt(p, bst)
 		}
 		if nm != *m {
 			if e.writeMeta(p, &nm) != nil {

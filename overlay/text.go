@@ -225,7 +225,7 @@ func (e *Engine) replaceBase(p string, l loc, c Caller, want *ownerMode, fill fu
 	if err := e.ensureUpperDir(dir); err != nil {
 		return err
 	}
-	m := &meta{Kind: KindFile, Ino: e.baseIno(bst), Base: baselineOf(bst), Pid: c.Pid, Comm: c.Comm, Time: time.Now().UnixNano()}
+	m := &meta{Kind: KindFile, Ino: e.baseInoAt(p, bst), Base: baselineOf(bst), Pid: c.Pid, Comm: c.Comm, Time: time.Now().UnixNano()}
 	om := ownerMode{mode: bst.Mode & 0o7777, uid: bst.Uid, gid: bst.Gid}
 	if want != nil {
 		om = *want
