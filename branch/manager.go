@@ -42,10 +42,9 @@ type View struct {
 }
 
 // Host opens a branch's view: the daemon mounts the pending set in
-// stateDir at mountpoint and serves its control socket. beforeServe is
-// called with the view's engine before anything can reach it.
+// stateDir at mountpoint and serves its control socket.
 type Host interface {
-	OpenBranch(name, stateDir, mountpoint string, beforeServe func(*overlay.Engine)) (View, error)
+	OpenBranch(name, stateDir, mountpoint string) (View, error)
 }
 
 // Config configures a Manager.
@@ -62,10 +61,6 @@ type record struct {
 	ForkedAt int64  `json:"forkedAt"`
 	// Fork numbers the branch's current fork point (overlay.ForkScope).
 	Fork int `json:"fork"`
-	// Copying is set from the fork's instant until its copy is durable.
-	// The parent cannot change in between (the copy holds its change
-	// gate), so a start that finds it set makes the copy again.
-	Copying bool `json:"copying,omitempty"`
 }
 
 // Manager keeps a mount's branches. Its methods answer the branch/*
@@ -150,16 +145,11 @@ func (m *Manager) Start(main View, host Host) error {
 		registered[r.Name] = true
 	}
 	m.removeStrays(registered)
-	// Forks a crash stopped in their copy, before anything can change
-	// their parents: the main view here, a branch as it opens.
-	errs := m.copyAgainLocked(control.MainBranch, main.Engine)
+	var errs []error
 	for _, r := range m.reg {
 		if !control.ValidBranchName(r.Name) || (r.Parent != control.MainBranch && m.views[r.Parent] == nil) {
 			errs = append(errs, m.notServedLocked(r.Name, fmt.Errorf("its parent %q is not served; left in %s", r.Parent, m.dir())))
 			continue
-		}
-		if m.recordLocked(r.Name).Copying {
-			continue // its copy could not be made again: said above
 		}
 		v, err := m.open(r)
 		if err != nil {
@@ -183,41 +173,6 @@ func (m *Manager) notServedLocked(name string, why error) error {
 	return fmt.Errorf("branch %s is not served: %w", name, why)
 }
 
-// copyAgainLocked makes again the copies of the forks of parent that a
-// crash stopped: the parent has not changed since their instant.
-func (m *Manager) copyAgainLocked(parent string, eng *overlay.Engine) []error {
-	var errs []error
-	for i := range m.reg {
-		r := &m.reg[i]
-		if r.Parent != parent || !r.Copying {
-			continue
-		}
-		if err := m.copyForkLocked(eng, r.Name, overlay.ForkHooks{Copied: func() error {
-			r.Copying = false
-			return m.saveLocked()
-		}}); err != nil {
-			r.Copying = true
-			errs = append(errs, m.notServedLocked(r.Name, fmt.Errorf("its fork, stopped by a crash, could not be copied again: %w", err)))
-			continue
-		}
-		m.cfg.Logf("branches: %s: made the copy of its fork again (a crash had stopped it)", r.Name)
-	}
-	return errs
-}
-
-// copyForkLocked copies the pending set of the view eng into a new state
-// dir for the branch name.
-func (m *Manager) copyForkLocked(eng *overlay.Engine, name string, hooks overlay.ForkHooks) error {
-	state := m.stateOf(name)
-	if err := os.RemoveAll(state); err != nil { // a stray, or a copy a crash stopped
-		return err
-	}
-	if err := os.MkdirAll(state, 0o700); err != nil {
-		return err
-	}
-	return eng.Fork(state, hooks)
-}
-
 // open serves the branch r and makes sure its fork point is open.
 func (m *Manager) open(r record) (*View, error) {
 	// Made only now, so that a path under it fails (ENOENT) rather than
@@ -228,11 +183,7 @@ func (m *Manager) open(r record) (*View, error) {
 	if err := os.Mkdir(mnt, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, err
 	}
-	v, err := m.host.OpenBranch(r.Name, m.stateOf(r.Name), mnt, func(eng *overlay.Engine) {
-		for _, err := range m.copyAgainLocked(r.Name, eng) {
-			m.cfg.Logf("branches: %v", err)
-		}
-	})
+	v, err := m.host.OpenBranch(r.Name, m.stateOf(r.Name), mnt)
 	if err != nil {
 		return nil, err
 	}
@@ -360,11 +311,12 @@ func (m *Manager) relPaths(ps []string) ([]string, error) {
 }
 
 // CreateBranch forks p.Name from p.From (the main view by default). It
-// answers at the fork's instant, once the branch is registered; the copy
-// of the parent's pending set goes on after, holding the parent's change
-// gate and this manager's lock, so that every change in the parent and
-// every use of a branch waits for it, and the branch is served when it is
-// done.
+// answers at the fork's instant: the copy of the parent's pending set
+// goes on after, while the parent changes (pushing into the copy what it
+// is about to change first), holding this manager's lock so that every
+// use of a branch waits for it. The branch is registered durably and
+// served once its copy is durable; a crash before that leaves nothing of
+// it (its directory is removed at the next start).
 func (m *Manager) CreateBranch(ctx context.Context, p control.BranchParams) (control.BranchInfo, error) {
 	m.mu.Lock()
 	handedOver := false
@@ -383,67 +335,56 @@ func (m *Manager) CreateBranch(ctx context.Context, p control.BranchParams) (con
 	if err != nil {
 		return control.BranchInfo{}, err
 	}
-	r := record{Name: p.Name, Parent: p.From, ForkedAt: time.Now().UnixNano(), Copying: true}
+	r := record{Name: p.Name, Parent: p.From, ForkedAt: time.Now().UnixNano()}
 	if r.Parent == "" {
 		r.Parent = control.MainBranch
 	}
-	delete(m.unserved, p.Name)
-	forked := make(chan error, 1)
-	handedOver = true
-	go m.fork(parent, r, forked)
-	if err := <-forked; err != nil {
+	state := m.stateOf(r.Name)
+	if err := os.RemoveAll(state); err != nil { // a stray a crash left
 		return control.BranchInfo{}, err
 	}
+	fk, err := parent.Engine.Fork(state)
+	if err != nil {
+		os.RemoveAll(state)
+		return control.BranchInfo{}, control.Errorf(control.CodeInvalidState, "fork %s: %v", r.Parent, err)
+	}
+	delete(m.unserved, r.Name)
+	m.reg = append(m.reg, r)
+	// Listed from now on, though the registry is written only when the
+	// copy is durable.
+	listed := append([]record(nil), m.reg...)
+	m.saved.Store(&listed)
+	handedOver = true
+	go m.finishFork(fk, r)
 	return m.pathsOf(r), nil
 }
 
-// fork forks r from parent, holding m.mu (handed over by CreateBranch,
-// let go of here): it answers on forked once r is registered, then copies
-// and serves the branch.
-func (m *Manager) fork(parent *View, r record, forked chan<- error) {
+// finishFork copies the fork fk of r, registers it durably and serves it,
+// holding m.mu (handed over by CreateBranch, let go of here).
+func (m *Manager) finishFork(fk *overlay.ForkCopy, r record) {
 	defer m.mu.Unlock()
-	answered := false
-	defer func() {
-		// A bug here must not take the daemon, its mounts and every
-		// other view down with it.
-		if v := recover(); v != nil {
-			err := fmt.Errorf("fork %s: %v", r.Name, v)
-			m.cfg.Logf("branches: %v", err)
-			if !answered {
-				forked <- err
-			} else {
-				m.unserved[r.Name] = err
-			}
-		}
-	}()
-	err := m.copyForkLocked(parent.Engine, r.Name, overlay.ForkHooks{
-		Forked: func() error {
-			m.reg = append(m.reg, r)
-			if err := m.saveLocked(); err != nil {
-				m.reg = m.reg[:len(m.reg)-1]
-				return err
-			}
-			answered = true
-			forked <- nil
-			if m.forkedHook != nil {
-				m.forkedHook()
-			}
-			return nil
-		},
-		Copied: func() error {
-			m.recordLocked(r.Name).Copying = false
-			return m.saveLocked()
-		},
-	})
-	if !answered {
-		os.RemoveAll(m.stateOf(r.Name))
-		forked <- control.Errorf(control.CodeInvalidState, "fork %s: %v", r.Parent, err)
-		return
+	if m.forkedHook != nil {
+		m.forkedHook()
 	}
+	err := func() (err error) {
+		// A bug in the copy must not take the daemon, its mounts and
+		// every other view down with it.
+		defer func() {
+			if v := recover(); v != nil {
+				err = fmt.Errorf("%v", v)
+			}
+		}()
+		if err := fk.Run(); err != nil {
+			return err
+		}
+		return m.saveLocked()
+	}()
 	if err != nil {
 		// Answered already: the branch goes, and its name says why.
-		m.cfg.Logf("branches: the copy of %s's fork failed: %v; it is removed", r.Name, err)
-		m.removeLocked(r.Name)
+		m.cfg.Logf("branches: the fork of %s failed in its copy: %v; it is removed", r.Name, err)
+		if err := m.removeLocked(r.Name); err != nil {
+			m.cfg.Logf("branches: %v", err)
+		}
 		m.unserved[r.Name] = fmt.Errorf("its fork failed in its copy and it was removed: %w", err)
 		return
 	}

@@ -137,11 +137,11 @@ type failingHost struct {
 	fail string
 }
 
-func (h *failingHost) OpenBranch(name, stateDir, mountpoint string, beforeServe func(*overlay.Engine)) (View, error) {
+func (h *failingHost) OpenBranch(name, stateDir, mountpoint string) (View, error) {
 	if name == h.fail {
 		return View{}, errors.New("mount: device or resource busy")
 	}
-	return h.engineHost.OpenBranch(name, stateDir, mountpoint, beforeServe)
+	return h.engineHost.OpenBranch(name, stateDir, mountpoint)
 }
 
 // A branch that cannot be served at one start (its mount is busy, its

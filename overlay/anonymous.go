@@ -80,6 +80,7 @@ func (e *Engine) LinkAnonymous(fd int, p string, c Caller) (*syscall.Stat_t, err
 		return unix.Linkat(unix.AT_FDCWD, fdPath(fd), dirfd, name, unix.AT_SYMLINK_FOLLOW)
 	}
 	st, err := underLock(e, func() (*syscall.Stat_t, error) {
+		e.pushForks(p)
 		if err := e.capture(c, p); err != nil {
 			return nil, err
 		}

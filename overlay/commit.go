@@ -92,6 +92,7 @@ func (e *Engine) commit(paths []string, force bool, c Caller, recovering bool) C
 	err := func() error {
 		e.lockMu()
 		defer e.unlockMu()
+		e.finishForks()
 		sel = e.selectLocked(paths, true, commitAncestor)
 		if len(sel) == 0 {
 			return nil
@@ -1688,6 +1689,7 @@ func (e *Engine) emptyTrash() {
 func (e *Engine) Discard(paths []string, c Caller) []string {
 	var done, renumbered []string
 	e.locked(func() error {
+		e.finishForks()
 		done, renumbered = e.discardLocked(paths)
 		return nil
 	})

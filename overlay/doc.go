@@ -61,7 +61,8 @@
 //	                     before its parent's locks (branch.Manager.mu above all)
 //	Engine.textMu        a whole ReadFile or PatchFile
 //	Engine.changeGate    shared by every change, alone by a running commit
-//	Engine.mu            the index, namespace changes, commit, discard
+//	Engine.mu            the index, namespace changes, commit, discard,
+//	                     a fork's copy (shared) and what a change pushes into it
 //	turnState.mu, Engine.failMu, Engine.trashMu, Engine.userMu,
 //	inoMap.mu, dirCache.mu, procCache.mu, progress.mu
 //	snapshot.Store.mu    (capture under Engine.mu; it fsyncs under it)

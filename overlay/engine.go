@@ -125,10 +125,13 @@ type Engine struct {
 	// mode) rewrites it in place, and a read between its truncate and its
 	// write would return content the file never had. Taken before mu.
 	textMu sync.RWMutex
-	// mu guards index, children and mode, and serializes namespace changes.
+	// mu guards index, children, mode and forks, and serializes namespace
+	// changes.
 	mu       sync.RWMutex
 	index    map[string]*meta           // upper entries by path
 	children map[string]map[string]bool // upper dir path -> names of its upper entries
+	// forks are the forks whose copy runs (fork.go).
+	forks []*ForkCopy
 	// showing and shownAt: which pending paths show which workspace
 	// inode number (shownino.go).
 	showing map[uint64][]string
@@ -355,6 +358,7 @@ func (e *Engine) Mode() Mode {
 func (e *Engine) SetMode(m Mode, c Caller) (Mode, error) {
 	var prev Mode
 	err := e.locked(func() error {
+		e.finishForks()
 		prev = e.mode
 		if m == Immediate && prev != Immediate {
 			if n := e.pendingCountLocked(); n > 0 {

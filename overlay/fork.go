@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -12,103 +13,183 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ForkHooks are called by Fork while it holds the change gate.
-type ForkHooks struct {
-	// Forked is called once the gate is held, before the copy: the fork's
-	// instant. An error stops the fork before anything was copied.
-	Forked func() error
-	// Copied is called once the copy is durable, before the gate is let
-	// go of: the last moment at which nothing has changed since Forked.
-	Copied func() error
+// A fork copies this engine's pending set, as it is at one instant, into
+// a new state dir, so that an engine opened there over the same workspace
+// shows what this one showed, inode numbers included, and from then on
+// changes on its own (a branch). Fork takes the instant: under the change
+// gate it notes the paths to copy (the fork's manifest) and copies at once
+// only the files a process holds open for writing, whose passthrough
+// writes the engine never sees. Everything else is copied by
+// ForkCopy.Run, while this engine goes on changing: every change first
+// pushes into the copy what it is about to change of the manifest
+// (pushForks), and the daemon's own changes of the whole pending set
+// (commit, discard, restore, rollback) finish the copy first
+// (finishForks). The cost at the instant is that of listing the pending
+// set in memory; the copy's, that of the pending set, never the
+// workspace's.
+
+// ForkCopy is a fork whose instant is taken and whose copy is not done.
+type ForkCopy struct {
+	e *Engine
+	f *forkCopy
+	// left holds the manifest's paths not copied yet; keys the whole
+	// manifest. Both, and f, are used under e.mu: the copier holds it
+	// shared, a change that pushes holds it alone.
+	left map[string]bool
+	keys []string
+	dst  string
+	err  error // the first copy that failed; the fork fails with it
 }
 
-// Fork writes, into the new state dir dst, a pending set equal to this
-// engine's at this instant: a copy of the upper tree with each meta placed
-// for its new directory, and the inode map, so that an engine opened on
-// dst over the same workspace shows what this one shows, inode numbers
-// included, and from then on changes on its own (a branch). The change
-// gate is held throughout, so no change falls half into the copy; the cost
-// is that of copying the pending set, never the workspace. The hooks let a
-// caller answer at the fork's instant and finish before changes resume.
-func (e *Engine) Fork(dst string, hooks ForkHooks) error {
+// Fork takes a fork's instant into the new state dir dst; Run copies the
+// rest. Until Run returns, this engine copies what it changes of the
+// manifest into dst first.
+func (e *Engine) Fork(dst string) (*ForkCopy, error) {
 	e.lockGate()
 	defer e.unlockGate()
-	e.rlock()
-	defer e.runlock()
+	e.lockMu()
+	defer e.unlockMu()
 	if e.mode != Staged {
-		return errors.New("only a staged mount can fork: in immediate mode nothing is pending")
+		return nil, errors.New("only a staged mount can fork: in immediate mode nothing is pending")
 	}
-	if hooks.Forked != nil {
-		if err := hooks.Forked(); err != nil {
-			return err
+	f, err := newForkCopy(e, dst)
+	if err != nil {
+		return nil, err
+	}
+	// The inode map of the instant (a commit appends to it), small: a
+	// line per workspace file committed and still shown.
+	if err := copyFileIfExists(filepath.Join(e.opts.StateDir, "inomap"), filepath.Join(dst, "inomap")); err != nil {
+		f.close()
+		return nil, fmt.Errorf("fork the inode map: %w", err)
+	}
+	fk := &ForkCopy{e: e, f: f, dst: dst, left: make(map[string]bool, len(e.index)), keys: make([]string, 0, len(e.index))}
+	for p := range e.index {
+		fk.keys = append(fk.keys, p)
+		fk.left[p] = true
+	}
+	for p, m := range e.index {
+		if m.Kind == KindFile && e.writers[m.uino] > 0 {
+			fk.push(p)
 		}
 	}
-	if err := e.forkCopy(dst); err != nil {
-		return err
+	if fk.err != nil {
+		f.close()
+		return nil, fk.err
 	}
-	if hooks.Copied != nil {
-		return hooks.Copied()
-	}
-	return nil
+	e.forks = append(e.forks, fk)
+	return fk, nil
 }
 
-// forkCopy is Fork's copy, made under its locks.
-func (e *Engine) forkCopy(dst string) error {
-	if err := os.MkdirAll(filepath.Join(dst, "upper"), 0o700); err != nil {
-		return err
-	}
-	root, err := unix.Open(filepath.Join(dst, "upper"), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(root)
-	var rst unix.Stat_t
-	if err := unix.Fstat(root, &rst); err != nil {
-		return err
-	}
-	// The copy's directories are cached as the upper tree's are: without
-	// it every step of every entry opened its directory from the root.
-	dirs := newDirCache()
-	defer dirs.flush()
-	f := &forkCopy{e: e, dst: layer{fd: root, dirs: dirs}, links: map[uint64]string{}, dirIno: map[string]uint64{"": rst.Ino},
-		names: make([]byte, 64<<10), value: make([]byte, 64<<10)}
-	paths := make([]string, 0, len(e.index))
-	for p := range e.index {
-		paths = append(paths, p)
-	}
-	// Parents before their entries (sorted by depth, then name), and a
-	// directory's times set only after everything in it was made.
-	sort.Slice(paths, func(i, j int) bool {
-		if di, dj := depth(paths[i]), depth(paths[j]); di != dj {
+// Run copies what is left of the fork, makes the copy durable and ends
+// the engine's pushes into it. It returns the first failure, after which
+// dst is incomplete and must go.
+func (fk *ForkCopy) Run() error {
+	defer fk.f.close()
+	// Deferred, so that a copy that panics does not leave the engine
+	// pushing into it.
+	defer fk.detach()
+	// Parents before their entries (sorted by depth, then name).
+	sort.Slice(fk.keys, func(i, j int) bool {
+		if di, dj := depth(fk.keys[i]), depth(fk.keys[j]); di != dj {
 			return di < dj
 		}
-		return paths[i] < paths[j]
+		return fk.keys[i] < fk.keys[j]
 	})
-	for _, p := range paths {
-		if err := f.entry(p, e.index[p]); err != nil {
-			return fmt.Errorf("fork %s: %w", p, err)
+	// In batches, so that changes waiting for the engine lock get it
+	// between them (a batch of small files takes about half a
+	// millisecond).
+	const batch = 16
+	for i := 0; i < len(fk.keys); i += batch {
+		fk.copyLeft(fk.keys[i:min(i+batch, len(fk.keys))])
+	}
+	// Everything is copied now, by the loop or by a change's push: no
+	// push can fail any more.
+	if fk.err != nil {
+		return fk.err
+	}
+	// A directory's mode and times last, deepest first: making its
+	// entries moved its times, and its mode may forbid making them.
+	for i := len(fk.f.dirs) - 1; i >= 0; i-- {
+		if err := fk.f.dirAttrs(fk.f.dirs[i]); err != nil {
+			return fmt.Errorf("fork %s: %w", fk.f.dirs[i].path, err)
 		}
 	}
-	for i := len(f.dirs) - 1; i >= 0; i-- {
-		if err := f.dirMode(f.dirs[i]); err != nil {
-			return fmt.Errorf("fork %s: %w", f.dirs[i], err)
-		}
-		if err := f.times(f.dirs[i]); err != nil {
-			return fmt.Errorf("fork %s: %w", f.dirs[i], err)
-		}
-	}
-	if err := copyFileIfExists(filepath.Join(e.opts.StateDir, "inomap"), filepath.Join(dst, "inomap")); err != nil {
-		return fmt.Errorf("fork the inode map: %w", err)
-	}
-	return unix.Syncfs(root)
+	return unix.Syncfs(fk.f.dst.fd)
 }
 
-// forkCopy is one Fork's copy of the upper tree into dst.
+// copyLeft copies what is left of paths, holding the engine lock shared.
+func (fk *ForkCopy) copyLeft(paths []string) {
+	fk.e.rlock()
+	defer fk.e.runlock()
+	for _, p := range paths {
+		fk.copyIfLeft(p)
+	}
+}
+
+// detach ends the engine's pushes into the fork.
+func (fk *ForkCopy) detach() {
+	fk.e.lockMu()
+	defer fk.e.unlockMu()
+	fk.e.forks = slices.DeleteFunc(fk.e.forks, func(x *ForkCopy) bool { return x == fk })
+}
+
+// pushForks copies into every fork in progress what it has left to copy
+// of the paths about to change: each path, what the index holds below it
+// (a directory moved or removed), and the directories above it (whose
+// times the change moves). The caller holds e.mu alone.
+func (e *Engine) pushForks(paths ...string) {
+	for _, fk := range e.forks {
+		for _, p := range paths {
+			fk.push(p)
+		}
+	}
+}
+
+// finishForks copies everything the forks in progress have left: for a
+// change of the whole pending set. The caller holds e.mu alone.
+func (e *Engine) finishForks() { e.pushForks("") }
+
+func (fk *ForkCopy) push(p string) {
+	if p != "" {
+		dir := ""
+		for _, name := range strings.Split(p, "/") {
+			fk.copyIfLeft(joinPath(dir, name))
+			dir = joinPath(dir, name)
+		}
+	}
+	var below func(string)
+	below = func(d string) {
+		for name := range fk.e.children[d] {
+			q := joinPath(d, name)
+			fk.copyIfLeft(q)
+			below(q)
+		}
+	}
+	below(p)
+}
+
+// copyIfLeft copies p if the fork has it left to copy.
+func (fk *ForkCopy) copyIfLeft(p string) {
+	if !fk.left[p] || fk.err != nil {
+		return
+	}
+	delete(fk.left, p)
+	m := fk.e.index[p]
+	if m == nil {
+		fk.err = fmt.Errorf("fork %s: gone from the pending set before it was copied", p)
+		return
+	}
+	if err := fk.f.entry(p, m); err != nil {
+		fk.err = fmt.Errorf("fork %s: %w", p, err)
+	}
+}
+
+// forkCopy copies upper entries of e into dst's upper tree.
 type forkCopy struct {
 	e     *Engine
 	dst   layer
 	links map[uint64]string // upper inode -> its first copy (hard links stay one file)
-	dirs  []string          // the directories copied, parents first
+	dirs  []forkedDir       // the directories copied, in the order copied
 	// dirIno holds the inode numbers of the copies' directories, for the
 	// metas placed in them.
 	dirIno map[string]uint64
@@ -116,7 +197,39 @@ type forkCopy struct {
 	names, value []byte
 }
 
-// entry copies the upper entry p, whose meta is m.
+// forkedDir is a directory copied, with the mode and times it had then.
+type forkedDir struct {
+	path         string
+	mode         uint32
+	atime, mtime unix.Timespec
+}
+
+func newForkCopy(e *Engine, dst string) (*forkCopy, error) {
+	if err := os.MkdirAll(filepath.Join(dst, "upper"), 0o700); err != nil {
+		return nil, err
+	}
+	root, err := unix.Open(filepath.Join(dst, "upper"), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	var rst unix.Stat_t
+	if err := unix.Fstat(root, &rst); err != nil {
+		unix.Close(root)
+		return nil, err
+	}
+	// The copy's directories are cached as the upper tree's are: without
+	// it every step of every entry opened its directory from the root.
+	return &forkCopy{e: e, dst: layer{fd: root, dirs: newDirCache()}, links: map[uint64]string{}, dirIno: map[string]uint64{"": rst.Ino},
+		names: make([]byte, 64<<10), value: make([]byte, 64<<10)}, nil
+}
+
+func (f *forkCopy) close() {
+	f.dst.dirs.flush()
+	unix.Close(f.dst.fd)
+}
+
+// entry copies the upper entry p, whose meta is m. Its directory is
+// copied already.
 func (f *forkCopy) entry(p string, m *meta) error {
 	src := f.e.upper
 	st, err := src.lstat(p)
@@ -129,9 +242,11 @@ func (f *forkCopy) entry(p string, m *meta) error {
 		// 0700 until everything in it is made (its mode, which may
 		// forbid that, comes with its times, last).
 		err = f.dst.withDir(dir, func(dirfd int) error { return unix.Mkdirat(dirfd, name, 0o700) })
-		f.dirs = append(f.dirs, p)
+		f.dirs = append(f.dirs, forkedDir{path: p, mode: st.Mode & 0o7777, atime: unix.Timespec(st.Atim), mtime: unix.Timespec(st.Mtim)})
 	case syscall.S_IFREG:
-		if first, ok := f.links[st.Ino]; ok && st.Nlink > 1 {
+		// Another name of a file copied already: names the manifest
+		// holds at once are alive together, so one number is one file.
+		if first, ok := f.links[st.Ino]; ok {
 			return f.dst.withParent(first, func(fdir int, fname string) error {
 				return f.dst.withDir(dir, func(dirfd int) error { return unix.Linkat(fdir, fname, dirfd, name, 0) })
 			})
@@ -164,15 +279,16 @@ func (f *forkCopy) entry(p string, m *meta) error {
 	if err := f.dst.setxattr(p, metaXattr, nm.encode(), 0); err != nil {
 		return err
 	}
-	if err := f.dst.withParent(p, func(dirfd int, name string) error {
-		return unix.Fchownat(dirfd, name, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW)
-	}); err != nil && !errors.Is(err, unix.EPERM) {
-		return err
-	}
-	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
-		return f.times(p)
-	}
-	return nil
+	return f.dst.withParent(p, func(dirfd int, name string) error {
+		if err := unix.Fchownat(dirfd, name, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW); err != nil && !errors.Is(err, unix.EPERM) {
+			return err
+		}
+		if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+			return nil
+		}
+		ts := []unix.Timespec{unix.Timespec(st.Atim), unix.Timespec(st.Mtim)}
+		return unix.UtimesNanoAt(dirfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
+	})
 }
 
 // file copies the regular upper file p (stat st): in the kernel, a reflink
@@ -221,26 +337,13 @@ func (f *forkCopy) xattrs(p string) error {
 	return nil
 }
 
-// dirMode gives the copy of the directory p the upper directory's mode.
-func (f *forkCopy) dirMode(p string) error {
-	st, err := f.e.upper.lstat(p)
-	if err != nil {
-		return err
-	}
-	return f.dst.withParent(p, func(dirfd int, name string) error {
-		return unix.Fchmodat(dirfd, name, st.Mode&0o7777, 0)
-	})
-}
-
-// times gives the copy of p the upper entry's times.
-func (f *forkCopy) times(p string) error {
-	st, err := f.e.upper.lstat(p)
-	if err != nil {
-		return err
-	}
-	ts := []unix.Timespec{unix.Timespec(st.Atim), unix.Timespec(st.Mtim)}
-	return f.dst.withParent(p, func(dirfd int, name string) error {
-		return unix.UtimesNanoAt(dirfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
+// dirAttrs gives the copy of a directory the mode and times it had.
+func (f *forkCopy) dirAttrs(d forkedDir) error {
+	return f.dst.withParent(d.path, func(dirfd int, name string) error {
+		if err := unix.Fchmodat(dirfd, name, d.mode, 0); err != nil {
+			return err
+		}
+		return unix.UtimesNanoAt(dirfd, name, []unix.Timespec{d.atime, d.mtime}, unix.AT_SYMLINK_NOFOLLOW)
 	})
 }
 

@@ -2,8 +2,11 @@ package overlay
 
 import (
 	"fmt"
+	"maps"
+	"math/rand"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"syscall"
@@ -92,7 +95,9 @@ func TestForkIsAnIndependentEqualPendingSet(t *testing.T) {
 	require.NoError(t, err)
 
 	want := forkView(t, e)
-	require.NoError(t, e.Fork(forked, ForkHooks{}))
+	fk, err := e.Fork(forked)
+	require.NoError(t, err)
+	require.NoError(t, fk.Run())
 	b, err := New(Options{Workspace: ws, StateDir: forked, Mode: Staged, Logf: func(f string, a ...any) {
 		t.Errorf("the fork logged at start-up: "+f, a...)
 	}})
@@ -119,4 +124,161 @@ func readFileT(t *testing.T, p string) string {
 	b, err := os.ReadFile(p)
 	require.NoError(t, err)
 	return string(b)
+}
+
+// pendingDirTimes lists the mtimes of e's pending directories, which
+// forkView leaves out (a listing does not move them, but a copy could).
+func pendingDirTimes(e *Engine) map[string]int64 {
+	e.rlock()
+	defer e.runlock()
+	out := map[string]int64{}
+	for p, m := range e.index {
+		if m.Kind == KindDir && !m.Deleted {
+			if st, err := e.upper.lstat(p); err == nil {
+				out[p] = st.Mtim.Nano()
+			}
+		}
+	}
+	return out
+}
+
+// A fork's copy runs while its parent changes: whatever the parent does
+// after the fork's instant (writes, truncations, attributes, xattrs,
+// renames of files and directories, removals, hard links, new entries in
+// the directories forked, a commit, a discard), the fork shows what the
+// parent showed at the instant.
+func TestForkCopiesTheInstantWhileItsParentChanges(t *testing.T) {
+	for seed := int64(1); seed <= 40; seed++ {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { forkWhileParentChanges(t, seed) })
+	}
+}
+
+func forkWhileParentChanges(t *testing.T, seed int64) {
+	rng := rand.New(rand.NewSource(seed))
+	ws, state, forked := t.TempDir(), t.TempDir(), filepath.Join(t.TempDir(), "branch")
+	for _, p := range []string{"a", "b", "d/c", "d/e/f", "w/x"} {
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(ws, p)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(ws, p), []byte("ws "+p+"\n"), 0o644))
+	}
+	e := openEngine(t, ws, state)
+	defer e.Close()
+	c := Caller{Pid: os.Getpid()}
+	// The pending set at the fork: changed and new files, a new
+	// directory tree, a hard link, a symlink, an xattr, a removal, a
+	// renamed directory, a mode and times.
+	writeNew(t, e, "a", "staged a\n")
+	writeNew(t, e, "d/e/f", "staged f\n")
+	_, err := e.Mkdir("n", 0o750, c)
+	require.NoError(t, err)
+	_, err = e.Mkdir("n/m", 0o700, c)
+	require.NoError(t, err)
+	writeNew(t, e, "n/g", "new g\n")
+	writeNew(t, e, "n/m/h", "new h\n")
+	_, err = e.Link("n/g", "n/g2", c)
+	require.NoError(t, err)
+	_, err = e.Symlink("a", "n/s", c)
+	require.NoError(t, err)
+	require.NoError(t, e.Setxattr("d/c", "user.k", []byte("v"), 0, c))
+	require.NoError(t, e.Unlink("b", c))
+	require.NoError(t, e.Rename("w", "w2", 0, c))
+	old := unix.Timespec{Sec: 1_000_000_000}
+	_, err = e.Setattr("n/m/h", -1, SetAttr{Atime: &old, Mtime: &old}, c)
+	require.NoError(t, err)
+	want, wantDirs := forkView(t, e), pendingDirTimes(e)
+
+	fk, err := e.Fork(forked)
+	require.NoError(t, err)
+	// The parent changes before and while the copy runs.
+	paths := []string{"a", "d/c", "d/e/f", "n/g", "n/g2", "n/m/h", "n/s", "n/new", "d/e/new", "w2/x"}
+	dirs := []string{"n", "n/m", "d", "d/e", "w2"}
+	ops := []func(){
+		func() { tryWrite(e, paths[rng.Intn(len(paths))], fmt.Sprintf("parent %d\n", rng.Int()), c) },
+		func() {
+			size := uint64(1)
+			e.Setattr(paths[rng.Intn(len(paths))], -1, SetAttr{Size: &size}, c)
+		},
+		func() {
+			mode := uint32(0o755)
+			e.Setattr(dirs[rng.Intn(len(dirs))], -1, SetAttr{Mode: &mode}, c)
+		},
+		func() {
+			now := unix.Timespec{Sec: 2_000_000_000}
+			e.Setattr(paths[rng.Intn(len(paths))], -1, SetAttr{Atime: &now, Mtime: &now}, c)
+		},
+		func() { e.Setxattr(paths[rng.Intn(len(paths))], "user.k", []byte("parent"), 0, c) },
+		func() { e.Removexattr("d/c", "user.k", c) },
+		func() { e.Unlink(paths[rng.Intn(len(paths))], c) },
+		func() { e.Rename(paths[rng.Intn(len(paths))], paths[rng.Intn(len(paths))], 0, c) },
+		func() { e.Rename(dirs[rng.Intn(len(dirs))], fmt.Sprintf("moved%d", rng.Intn(3)), 0, c) },
+		func() { e.Link(paths[rng.Intn(len(paths))], fmt.Sprintf("n/l%d", rng.Intn(3)), c) },
+		func() { e.Mkdir(dirs[rng.Intn(len(dirs))]+"/sub", 0o700, c) },
+		func() { e.Discard([]string{paths[rng.Intn(len(paths))]}, c) },
+		// Only paths the fork has pending too: a commit of another
+		// would show through in the fork, as it does in every view.
+		func() { e.Commit([]string{[]string{"a", "d/e/f", "n/g", "n/m/h"}[rng.Intn(4)]}, false, c) },
+	}
+	for i := 0; i < 30; i++ {
+		ops[rng.Intn(len(ops))]()
+	}
+	done := make(chan error)
+	go func() { done <- fk.Run() }()
+	for i := 0; i < 30; i++ {
+		ops[rng.Intn(len(ops))]()
+	}
+	require.NoError(t, <-done)
+
+	b, err := New(Options{Workspace: ws, StateDir: forked, Mode: Staged, Logf: func(f string, a ...any) {
+		t.Errorf("the fork logged at start-up: "+f, a...)
+	}})
+	require.NoError(t, err)
+	defer b.Close()
+	if got := forkView(t, b); !equalViews(want, got) {
+		t.Errorf("the fork does not show what its parent showed at the instant:\nwant %v\ngot  %v", want, got)
+	}
+	require.Equal(t, wantDirs, pendingDirTimes(b), "directory times")
+}
+
+// equalViews compares two forkViews but for the root's link count: the
+// root is the workspace's own directory, where the parent's commits may
+// have made directories.
+func equalViews(a, b map[string]string) bool {
+	nlink := regexp.MustCompile(`nlink \d+`)
+	a, b = maps.Clone(a), maps.Clone(b)
+	a[""], b[""] = nlink.ReplaceAllString(a[""], ""), nlink.ReplaceAllString(b[""], "")
+	return fmt.Sprint(a) == fmt.Sprint(b)
+}
+
+// tryWrite writes content to p if it can (the test's random changes may
+// name what is gone).
+func tryWrite(e *Engine, p, content string, c Caller) {
+	f, _, err := e.Create(p, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC, 0o644, c)
+	if err != nil {
+		return
+	}
+	unix.Write(f.Fd, []byte(content))
+	e.Release(p, f, c)
+}
+
+// A file a process holds open for writing at the fork's instant is copied
+// then: its writes (passthrough, in the mount) never reach the engine, so
+// no later push could keep them out of the fork.
+func TestForkCopiesFilesHeldOpenForWritingAtItsInstant(t *testing.T) {
+	ws, state, forked := t.TempDir(), t.TempDir(), filepath.Join(t.TempDir(), "branch")
+	e := openEngine(t, ws, state)
+	defer e.Close()
+	c := Caller{Pid: os.Getpid()}
+	writeNew(t, e, "held", "at the fork\n")
+	f, err := e.Open("held", unix.O_WRONLY, c)
+	require.NoError(t, err)
+	fk, err := e.Fork(forked)
+	require.NoError(t, err)
+	_, err = unix.Pwrite(f.Fd, []byte("AFTER"), 0)
+	require.NoError(t, err)
+	e.Release("held", f, c)
+	require.NoError(t, fk.Run())
+	b, err := New(Options{Workspace: ws, StateDir: forked, Mode: Staged})
+	require.NoError(t, err)
+	defer b.Close()
+	require.Equal(t, "at the fork\n", readView(t, b, "held"))
+	require.Equal(t, "AFTERe fork\n", readView(t, e, "held"))
 }

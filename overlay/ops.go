@@ -79,6 +79,7 @@ func (e *Engine) Open(p string, flags int, c Caller) (*File, error) {
 	var f *File
 	var restaged bool
 	err := e.locked(func() (err error) {
+		e.pushForks(p)
 		m := e.index[p]
 		// Only the first write-open of a path changes the pending set's
 		// structure (the copy-up); its record must be durable before
@@ -425,6 +426,7 @@ func (e *Engine) Create(p string, flags int, mode uint32, c Caller) (*File, *sys
 	var st *syscall.Stat_t
 	var created bool
 	err := e.locked(func() (err error) {
+		e.pushForks(p)
 		f, st, created, err = e.createLocked(p, flags, mode, c)
 		return err
 	})
@@ -522,7 +524,10 @@ func (e *Engine) fstatShown(fd int, m *meta) (*syscall.Stat_t, error) {
 // Mkdir creates the directory p.
 func (e *Engine) Mkdir(p string, mode uint32, c Caller) (*syscall.Stat_t, error) {
 	c = e.named(c)
-	st, err := underLock(e, func() (*syscall.Stat_t, error) { return e.mkdirLocked(p, mode, c) })
+	st, err := underLock(e, func() (*syscall.Stat_t, error) {
+		e.pushForks(p)
+		return e.mkdirLocked(p, mode, c)
+	})
 	if err == nil {
 		err = e.recordOp(c, "mkdir", p, "", 0)
 	}
@@ -585,7 +590,10 @@ func (e *Engine) mkdirLocked(p string, mode uint32, c Caller) (*syscall.Stat_t, 
 // Symlink creates the symlink p pointing to target.
 func (e *Engine) Symlink(target, p string, c Caller) (*syscall.Stat_t, error) {
 	c = e.named(c)
-	st, err := underLock(e, func() (*syscall.Stat_t, error) { return e.symlinkLocked(target, p, c) })
+	st, err := underLock(e, func() (*syscall.Stat_t, error) {
+		e.pushForks(p)
+		return e.symlinkLocked(target, p, c)
+	})
 	if err == nil {
 		err = e.recordStaging(Record{Op: "symlink", Path: p, Pid: c.Pid, Comm: c.Comm, Detail: target})
 		e.changed()
@@ -628,7 +636,10 @@ func (e *Engine) symlinkLocked(target, p string, c Caller) (*syscall.Stat_t, err
 // Mknod creates a FIFO, socket or device node (regular files go to Create).
 func (e *Engine) Mknod(p string, mode uint32, rdev uint64, c Caller) (*syscall.Stat_t, error) {
 	c = e.named(c)
-	st, err := underLock(e, func() (*syscall.Stat_t, error) { return e.mknodLocked(p, mode, rdev, c) })
+	st, err := underLock(e, func() (*syscall.Stat_t, error) {
+		e.pushForks(p)
+		return e.mknodLocked(p, mode, rdev, c)
+	})
 	if err == nil {
 		err = e.recordOp(c, "mknod", p, "", 0)
 	}
@@ -672,7 +683,10 @@ func (e *Engine) mknodLocked(p string, mode uint32, rdev uint64, c Caller) (*sys
 // Link makes newp another name of the file oldp.
 func (e *Engine) Link(oldp, newp string, c Caller) (*syscall.Stat_t, error) {
 	c = e.named(c)
-	st, err := underLock(e, func() (*syscall.Stat_t, error) { return e.linkLocked(oldp, newp, c) })
+	st, err := underLock(e, func() (*syscall.Stat_t, error) {
+		e.pushForks(oldp, newp)
+		return e.linkLocked(oldp, newp, c)
+	})
 	if err == nil {
 		err = e.recordOp(c, "link", oldp, newp, 0)
 	}
@@ -983,7 +997,10 @@ func (e *Engine) whiteoutAt(p string, b Baseline, c Caller) error {
 // Unlink removes the non-directory p.
 func (e *Engine) Unlink(p string, c Caller) error {
 	c = e.named(c)
-	err := e.locked(func() error { return e.unlinkLocked(p, c) })
+	err := e.locked(func() error {
+		e.pushForks(p)
+		return e.unlinkLocked(p, c)
+	})
 	if err == nil {
 		err = e.recordOp(c, "unlink", p, "", 0)
 	}
@@ -1068,7 +1085,10 @@ func (e *Engine) pruneContainers(p string) {
 // Rmdir removes the empty directory p.
 func (e *Engine) Rmdir(p string, c Caller) error {
 	c = e.named(c)
-	err := e.locked(func() error { return e.rmdirLocked(p, c) })
+	err := e.locked(func() error {
+		e.pushForks(p)
+		return e.rmdirLocked(p, c)
+	})
 	if err == nil {
 		err = e.recordOp(c, "rmdir", p, "", 0)
 	}
@@ -1139,7 +1159,10 @@ func (e *Engine) rmdirLocked(p string, c Caller) error {
 // not supported and fails with EINVAL).
 func (e *Engine) Rename(oldp, newp string, flags uint32, c Caller) error {
 	c = e.named(c)
-	err := e.locked(func() error { return e.renameLocked(oldp, newp, flags, c) })
+	err := e.locked(func() error {
+		e.pushForks(oldp, newp)
+		return e.renameLocked(oldp, newp, flags, c)
+	})
 	if err == nil {
 		err = e.recordOp(c, "rename", oldp, newp, 0)
 	}
@@ -1411,6 +1434,7 @@ func (e *Engine) Setattr(p string, fd int, a SetAttr, c Caller) (*syscall.Stat_t
 	c = e.named(c)
 	staged := true
 	st, err := underLock(e, func() (*syscall.Stat_t, error) {
+		e.pushForks(p)
 		// A denied path is refused (and journaled as denied) even when
 		// the call would change nothing.
 		if err := e.checkDeny(c, p); err != nil {
@@ -1847,6 +1871,7 @@ func (e *Engine) changeXattr(p, attr string, c Caller, op string, fn func(layer,
 	}
 	c = e.named(c)
 	err := e.locked(func() error {
+		e.pushForks(p)
 		if err := e.capture(c, p); err != nil {
 			return err
 		}

@@ -408,6 +408,7 @@ func writeMoveState(state, phase string) error {
 func (e *Engine) undelete(p string) bool {
 	e.lockChange()
 	defer e.unlockChange()
+	e.pushForks(p)
 	if e.mode != Staged {
 		return false
 	}
@@ -470,6 +471,7 @@ func (e *Engine) restoreFile(ent snapshot.Entry) error {
 	}
 	var created bool
 	err = e.locked(func() (err error) {
+		e.pushForks(ent.Path)
 		created, err = e.replaceLocked(ent.Path, daemon, want, fill)
 		return err
 	})
@@ -626,6 +628,7 @@ func sameXattrs(a, b map[string][]byte) bool {
 func (e *Engine) normalize(p string) {
 	e.lockChange()
 	defer e.unlockChange()
+	e.pushForks(p)
 	if e.mode != Staged {
 		return
 	}

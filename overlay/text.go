@@ -53,6 +53,7 @@ func (e *Engine) WriteFile(p string, data []byte, c Caller) error {
 	c = e.named(c)
 	var created bool
 	err := e.locked(func() (err error) {
+		e.pushForks(p)
 		created, err = e.replaceLocked(p, c, nil, func(fd int) error { return writeAllSync(fd, data) })
 		return err
 	})
@@ -343,6 +344,7 @@ func (e *Engine) PatchFile(p string, c Caller, decide func(cur []byte, exists bo
 	defer e.unlockText()
 	e.lockChange()
 	defer e.unlockChange()
+	e.pushForks(p)
 	l, err := e.locate(p)
 	if err != nil && err != syscall.ENOENT {
 		return err

@@ -222,17 +222,16 @@ type branchHost struct {
 	logger  *log.Logger
 }
 
-func (h *branchHost) OpenBranch(name, stateDir, mountpoint string, beforeServe func(*overlay.Engine)) (branch.View, error) {
+func (h *branchHost) OpenBranch(name, stateDir, mountpoint string) (branch.View, error) {
 	cfg := *h.cfg
 	cfg.state, cfg.mountpoint, cfg.mainState = stateDir, mountpoint, h.cfg.state
 	if err := sandbox.SaveSettings(stateDir, sandboxSettings(&cfg)); err != nil {
 		return branch.View{}, err
 	}
 	st, err := openStage(&cfg, overlay.Staged, stageOptions{
-		branch:      name,
-		branches:    h.manager.Infos,
-		register:    func(s *control.Server) { control.RegisterBranches(s, h.manager) },
-		beforeServe: func(st *stage) { beforeServe(st.eng) },
+		branch:   name,
+		branches: h.manager.Infos,
+		register: func(s *control.Server) { control.RegisterBranches(s, h.manager) },
 	}, h.logger)
 	if err != nil {
 		return branch.View{}, err

@@ -20,10 +20,11 @@ import (
 // of one changed file back, and dropping the branch: the fork's cost
 // follows the pending set, never the workspace.
 func measureFork(bin, root, sizes string) {
-	// fork: until the fork answers (its instant: the branch is registered
-	// and its parent frozen); served: until listing the branches, which
-	// waits for its copy and mount, shows it served.
-	fmt.Printf("%-10s %10s %10s %12s %10s\n", "pending", "fork", "served", "merge(1)", "drop")
+	// fork: until the fork answers (its instant); parent write: a write
+	// of a pending file in the parent right after, while the copy runs
+	// (and before the fork, for comparison); served: until listing the
+	// branches, which waits for the copy and the mount, shows it served.
+	fmt.Printf("%-10s %10s %14s %10s %10s %12s %10s\n", "pending", "fork", "write before", "write after", "served", "merge(1)", "drop")
 	for _, s := range strings.Split(sizes, ",") {
 		n, err := strconv.Atoi(s)
 		if err != nil {
@@ -48,18 +49,29 @@ func forkRow(bin, root string, n int) {
 		}
 	}
 	ctx := context.Background()
-	var fork, served, merge, drop []time.Duration
+	var quietWrite, fork, parentWrite, served, merge, drop []time.Duration
 	for i := 0; i < reps; i++ {
 		name := fmt.Sprintf("b%d", i)
 		// Staging (and the last round's drop) is setup: flushed now, so
 		// that the fork's syncfs does not pay for writing it out.
 		syscall.Sync()
+		w := time.Now()
+		if err := write(filepath.Join(mnt, fmt.Sprintf("d%03d/f%05d", (n-1)/100, n-1)), "changed in the parent\n"); err != nil {
+			fail(err)
+		}
+		quietWrite = append(quietWrite, time.Since(w))
 		s := time.Now()
 		_, err := c.CreateBranch(ctx, control.BranchParams{Name: name})
 		fork = append(fork, time.Since(s))
 		if err != nil {
 			fail(err)
 		}
+		// The file the copy reaches last.
+		w = time.Now()
+		if err := write(filepath.Join(mnt, fmt.Sprintf("d%03d/f%05d", (n-1)/100, n-1)), "changed in the parent\n"); err != nil {
+			fail(err)
+		}
+		parentWrite = append(parentWrite, time.Since(w))
 		info := servedBranch(c, name)
 		served = append(served, time.Since(s))
 		if err := write(filepath.Join(info.Mount, "d000", "f00000"), fmt.Sprintf("changed in %s\n", name)); err != nil {
@@ -77,7 +89,7 @@ func forkRow(bin, root string, n int) {
 		}
 		drop = append(drop, time.Since(s))
 	}
-	fmt.Printf("%-10d %10s %10s %12s %10s\n", n, ms(median(fork)), ms(median(served)), ms(median(merge)), ms(median(drop)))
+	fmt.Printf("%-10d %10s %14s %10s %10s %12s %10s\n", n, ms(median(fork)), ms(median(quietWrite)), ms(median(parentWrite)), ms(median(served)), ms(median(merge)), ms(median(drop)))
 }
 
 // servedBranch waits for the branch name to be served and describes it.
