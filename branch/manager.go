@@ -380,12 +380,12 @@ func (m *Manager) finishFork(fk *overlay.ForkCopy, r record) {
 		return m.saveLocked()
 	}()
 	if err != nil {
-		// Answered already: the branch goes, and its name says why.
+		// Answered already: the branch goes (stagefs branch, waiting
+		// for it to be served, says so) and the log says why.
 		m.cfg.Logf("branches: the fork of %s failed in its copy: %v; it is removed", r.Name, err)
 		if err := m.removeLocked(r.Name); err != nil {
 			m.cfg.Logf("branches: %v", err)
 		}
-		m.unserved[r.Name] = fmt.Errorf("its fork failed in its copy and it was removed: %w", err)
 		return
 	}
 	v, err := m.open(r)

@@ -22,9 +22,10 @@ import (
 // writes the engine never sees. Everything else is copied by
 // ForkCopy.Run, while this engine goes on changing: every change first
 // pushes into the copy what it is about to change of the manifest
-// (pushForks), and the daemon's own changes of the whole pending set
-// (commit, discard, restore, rollback) finish the copy first
-// (finishForks). The cost at the instant is that of listing the pending
+// (pushForks, called by every operation that changes the upper tree as
+// soon as it holds e.mu: restores and rollbacks change through those
+// operations), and the daemon's changes of the whole pending set (commit,
+// discard, a mode switch) finish the copy first (finishForks). The cost at the instant is that of listing the pending
 // set in memory; the copy's, that of the pending set, never the
 // workspace's.
 
@@ -189,7 +190,7 @@ type forkCopy struct {
 	e     *Engine
 	dst   layer
 	links map[uint64]string // upper inode -> its first copy (hard links stay one file)
-	dirs  []forkedDir       // the directories copied, in the order copied
+	dirs  []forkedDir       // the directories copied, in the order copied (parents first)
 	// dirIno holds the inode numbers of the copies' directories, for the
 	// metas placed in them.
 	dirIno map[string]uint64
