@@ -64,6 +64,10 @@ func fileError(path string, err error) error {
 	switch {
 	case errors.Is(err, syscall.EISDIR):
 		return control.Errorf(control.CodeInvalidParams, "%s is not a regular file", path)
+	case errors.Is(err, syscall.ELOOP):
+		// The engine never follows a symlink for a text method: its
+		// target may lie outside the workspace.
+		return control.Errorf(control.CodeInvalidParams, "%s is a symbolic link, not a regular file (name its target)", path)
 	case errors.Is(err, syscall.EFBIG):
 		return control.Errorf(control.CodeInvalidParams, "%s is larger than %d bytes", path, overlay.MaxReadBytes)
 	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.ENOENT):

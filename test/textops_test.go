@@ -590,3 +590,26 @@ func TestReadTextNotTornByConcurrentPatch(t *testing.T) {
 		t.Errorf("%d of %d read_text calls returned a content that the file never had, e.g. %s", torn, reads, example)
 	}
 }
+
+// The text methods never follow a symlink (its target may be outside the
+// workspace): reading or patching one is a clear invalid-params error,
+// not an internal one.
+func TestTextMethodsRefuseASymlinkClearly(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"real.txt": "hi\n"}), withSymlink("link.txt", "real.txt"))
+	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+	defer cancel()
+	c := m.dial()
+	_, err := c.ReadText(ctx, "link.txt")
+	var ce *control.Error
+	if !errors.As(err, &ce) || ce.Code != control.CodeInvalidParams || !strings.Contains(ce.Message, "symbolic link") {
+		t.Fatalf("read_text of a symlink: %v, want -32602 saying it is a symbolic link", err)
+	}
+	content := "changed\n"
+	_, err = c.SafeTextPatch(ctx, control.SafeTextPatchParams{Path: "link.txt", ExpectedHash: contentHash([]byte("hi\n")), Content: &content})
+	if !errors.As(err, &ce) || ce.Code != control.CodeInvalidParams || !strings.Contains(ce.Message, "link.txt") {
+		t.Fatalf("safe_text_patch of a symlink: %v, want -32602 naming it", err)
+	}
+	assertFile(t, m.in("real.txt"), "hi\n")
+	assertFile(t, m.inWS("real.txt"), "hi\n")
+}
