@@ -1,6 +1,8 @@
 package overlay
 
 import (
+	"errors"
+	"fmt"
 	"path"
 	"strings"
 	"syscall"
@@ -30,6 +32,20 @@ func matchGlob(g, p string) bool {
 		}
 	}
 	return false
+}
+
+// CheckGlob says why g cannot be a --deny, --hide or --no-capture glob:
+// a malformed one ("[" unclosed) would match nothing, and a path the user
+// meant to protect would be open.
+func CheckGlob(g string) error {
+	g = strings.TrimSuffix(strings.TrimPrefix(g, "/"), "/**")
+	if g == "" {
+		return errors.New("an empty glob matches nothing")
+	}
+	if _, err := path.Match(g, ""); err != nil {
+		return fmt.Errorf("%q is not a glob path.Match accepts: %w", g, err)
+	}
+	return nil
 }
 
 func matchAny(globs []string, p string) bool {

@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -62,5 +63,38 @@ func TestPolicyDenyHide(t *testing.T) {
 	log := m.mustCLI("log")
 	if strings.Count(log, "denied") < 3 {
 		t.Errorf("refused attempts are not journaled:\n%s", log)
+	}
+}
+
+// A malformed glob would match nothing, leaving open what the user meant
+// to protect; negative limits mean nothing. The mount refuses both, as a
+// usage error, and mounts nothing.
+func TestMountRefusesABadGlobOrANegativeLimit(t *testing.T) {
+	parallel(t)
+	base := t.TempDir()
+	ws, mnt := filepath.Join(base, "ws"), filepath.Join(base, "mnt")
+	for _, d := range []string{ws, mnt} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--deny", "secrets/["}, `--deny: "secrets/[" is not a glob`},
+		{[]string{"--hide", "/"}, "--hide: an empty glob matches nothing"},
+		{[]string{"--no-capture", "a[b"}, "--no-capture"},
+		{[]string{"--max-turns", "-1"}, "cannot be negative"},
+		{[]string{"--cache-timeout", "-1s"}, "cannot be negative"},
+	} {
+		r := runStagefs(t, append([]string{"mount", ws, mnt, "--state", filepath.Join(base, "st")}, c.args...)...)
+		if r.code != 2 || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("mount %v: want exit 2 and %q: %s", c.args, c.want, r)
+		}
+		if isMounted(mnt) {
+			runStagefs(t, "unmount", mnt)
+			t.Fatalf("mount %v mounted", c.args)
+		}
 	}
 }

@@ -208,6 +208,16 @@ func (cfg *mountConfig) resolve(workspace, mountpoint string) error {
 	if cfg.captureFailure != "allow" && cfg.captureFailure != "deny" {
 		return usagef("--capture-failure must be allow or deny, not %q", cfg.captureFailure)
 	}
+	for flag, globs := range map[string][]string{"--deny": cfg.deny, "--hide": cfg.hide, "--no-capture": cfg.noCapture} {
+		for _, g := range globs {
+			if err := overlay.CheckGlob(g); err != nil {
+				return usagef("%s: %v", flag, err)
+			}
+		}
+	}
+	if cfg.timeout < 0 || cfg.maxTurns < 0 || cfg.maxTurnAge < 0 || cfg.snapshotCap < 0 {
+		return usagef("--cache-timeout, --max-turns, --max-turn-age and --snapshot-cap cannot be negative")
+	}
 	if within(cfg.mountpoint, cfg.workspace) {
 		return fmt.Errorf("the mount point %s is inside the workspace %s: the mount would contain itself; choose a mount point outside the workspace", cfg.mountpoint, cfg.workspace)
 	}
