@@ -36,6 +36,9 @@ type anonNode struct {
 	// kernel caches their attributes and pages apart from this node's,
 	// so a change through this node must drop those (see changed).
 	names []*fs.Inode
+	// held are what the engine holds for each staged name while fd is
+	// open (overlay.Engine.LinkAnonymous).
+	held []uint64
 }
 
 // changed tells the kernel that what it caches of the file's names is
@@ -114,6 +117,13 @@ func (a *anonNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 func (a *anonNode) OnForget() {
 	if a.closed.CompareAndSwap(false, true) {
 		unix.Close(a.fd)
+		a.mu.Lock()
+		held := a.held
+		a.held = nil
+		a.mu.Unlock()
+		for _, h := range held {
+			a.sys.eng.ReleaseAnonymous(h)
+		}
 	}
 }
 
@@ -163,13 +173,20 @@ func (h *anonHandle) Allocate(ctx context.Context, off uint64, size uint64, mode
 
 // linkAnonymous names the anonymous file a name in the directory n.
 func (n *node) linkAnonymous(ctx context.Context, a *anonNode, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	st, err := n.sys.eng.LinkAnonymous(a.fd, n.child(name), n.sys.caller(ctx))
+	st, held, err := n.sys.eng.LinkAnonymous(a.fd, n.child(name), n.sys.caller(ctx))
 	if err != nil {
+		n.sys.eng.ReleaseAnonymous(held)
 		return nil, toErrno(err)
 	}
 	child := n.newChild(ctx, st, out, "")
 	a.mu.Lock()
 	a.names = append(a.names, child)
+	if a.closed.Load() {
+		// Forgotten meanwhile: nothing will release it later.
+		n.sys.eng.ReleaseAnonymous(held)
+	} else {
+		a.held = append(a.held, held)
+	}
 	a.mu.Unlock()
 	return child, 0
 }

@@ -72,14 +72,18 @@ func (e *Engine) OpenAnonymous(dir string, mode uint32, c Caller) (int, *syscall
 // p: a new file of the view, journaled and captured like any create. A
 // file made in one mode and named after a switch to the other may be on
 // another file system: that is EXDEV, as linkat says across mounts.
-func (e *Engine) LinkAnonymous(fd int, p string, c Caller) (*syscall.Stat_t, error) {
+//
+// A staged name makes fd a writer of the pending file, as an open for
+// writing is, until ReleaseAnonymous(held): its writes bypass the engine,
+// so a commit must leave the file for later and a fork copy it at once.
+func (e *Engine) LinkAnonymous(fd int, p string, c Caller) (st *syscall.Stat_t, held uint64, err error) {
 	c = e.named(c)
 	link := func(dirfd int, name string) error {
 		// Through /proc, following the link: AT_EMPTY_PATH would need
 		// CAP_DAC_READ_SEARCH.
 		return unix.Linkat(unix.AT_FDCWD, fdPath(fd), dirfd, name, unix.AT_SYMLINK_FOLLOW)
 	}
-	st, err := underLock(e, func() (*syscall.Stat_t, error) {
+	st, err = underLock(e, func() (*syscall.Stat_t, error) {
 		e.pushForks(p)
 		if err := e.capture(c, p); err != nil {
 			return nil, err
@@ -101,10 +105,29 @@ func (e *Engine) LinkAnonymous(fd int, p string, c Caller) (*syscall.Stat_t, err
 			return nil, err
 		}
 		defer unix.Close(nfd)
+		var ust unix.Stat_t
+		if err := unix.Fstat(nfd, &ust); err != nil {
+			return nil, err
+		}
+		held = ust.Ino
+		e.writers[held]++
 		return e.fstatShown(nfd, m)
 	})
-	if err == nil {
-		err = e.recordOp(c, "create", p, "", 0)
+	if err != nil {
+		return nil, 0, err
 	}
-	return st, err
+	return st, held, e.recordOp(c, "create", p, "", 0)
+}
+
+// ReleaseAnonymous ends what LinkAnonymous held, once the anonymous
+// file's descriptor is closed.
+func (e *Engine) ReleaseAnonymous(held uint64) {
+	if held == 0 {
+		return
+	}
+	e.lockMu()
+	defer e.unlockMu()
+	if e.writers[held]--; e.writers[held] <= 0 {
+		delete(e.writers, held)
+	}
 }

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"stagefs/control"
 	"stagefs/test/agentsim"
 )
@@ -517,4 +519,42 @@ func TestBranchMergeIntoADirectoryTheParentRemoved(t *testing.T) {
 		t.Fatalf("forced merge: %s", r)
 	}
 	assertFile(t, m.in("src/sub/new.c"), "new\n")
+}
+
+// A fork answers before its copy, while the parent goes on. A file made
+// with O_TMPFILE and named with linkat, written through its descriptor
+// after the fork answered, bypasses the daemon: the fork must hold its
+// version of the instant (the copy reaches it last here: 3,000 pending
+// files before it).
+func TestForkKeepsAnAnonymousFileWrittenAfterIt(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t)
+	sh(t, m.mnt, "mkdir many && cd many && seq 1 3000 | xargs -n 500 touch && mkdir -p ../zz/zz")
+	dir := filepath.Join(m.mnt, "zz", "zz")
+	fd, err := syscall.Open(dir, unix.O_TMPFILE|syscall.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	if _, err := syscall.Write(fd, []byte("at the fork\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Linkat(fd, "", unix.AT_FDCWD, filepath.Join(dir, "f"), unix.AT_EMPTY_PATH); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+	defer cancel()
+	c := m.dial()
+	if _, err := c.CreateBranch(ctx, control.BranchParams{Name: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := syscall.Pwrite(fd, []byte("AFTER"), 0); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.ListBranches(ctx) // waits for the branch to be served
+	if err != nil || len(res.Branches) != 1 || res.Branches[0].Mount == "" {
+		t.Fatalf("branches: %+v, %v", res, err)
+	}
+	assertFile(t, filepath.Join(res.Branches[0].Mount, "zz", "zz", "f"), "at the fork\n")
+	assertFile(t, filepath.Join(dir, "f"), "AFTERe fork\n")
 }

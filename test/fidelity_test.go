@@ -250,7 +250,16 @@ func TestTmpfileAndLinkat(t *testing.T) {
 			if st := m.status(); len(st.Entries) != 1 || st.Entries[0].Path != "dir/"+name {
 				t.Fatalf("staged: pending %+v, want only dir/%s", st.Entries, name)
 			}
-			m.mustCLI("commit")
+			// While the anonymous descriptor is open, its writes
+			// bypass the daemon: the file is busy, as one open for
+			// writing by name is, and is committed once it is closed.
+			if r := m.cli("commit"); r.code != 3 || !strings.Contains(r.stdout+r.stderr, "open for writing") {
+				t.Fatalf("staged: commit while the anonymous file is open: %s", r)
+			}
+			unix.Close(fd)
+			if cr := m.commit(); len(cr.Committed) != 1 {
+				t.Fatalf("staged: commit after closing the anonymous file: %+v", cr)
+			}
 		}
 		got, err := os.ReadFile(filepath.Join(m.ws, "dir", name))
 		if err != nil || string(got) != want {
