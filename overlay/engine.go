@@ -644,7 +644,7 @@ func (e *Engine) isBaseOf(b Baseline, shown uint64) bool {
 	if b.Ino == 0 {
 		return false
 	}
-	if b.Ino == shown || b.Ino|reservedBit == shown {
+	if b.Ino == shown || isReservedOf(shown, b.Ino) {
 		return true
 	}
 	return e.inos != nil && e.inos.shownFor(b.Ino) == shown

@@ -88,24 +88,46 @@ func (e *Engine) viewIno(st *syscall.Stat_t) uint64 {
 // a pending entry being made or remade from it does not count.
 func (e *Engine) baseInoAt(p string, st *syscall.Stat_t) uint64 {
 	ino := e.baseIno(st)
-	if st.Dev == e.rootDev && len(e.showing) > 0 && e.pendingShows(ino, p) {
-		return st.Ino | reservedBit
+	if st.Dev != e.rootDev {
+		return ino
 	}
-	return ino
+	return e.unclaimedIno(ino, st.Ino, p)
 }
 
 // direntIno is viewIno for a directory entry of the workspace (d_ino must
 // equal st_ino).
 func (e *Engine) direntIno(ino uint64) uint64 {
-	shown := e.baseInoDirent(ino)
-	if len(e.showing) > 0 && e.pendingShows(shown, "") {
-		return ino | reservedBit
+	return e.unclaimedIno(e.baseInoDirent(ino), ino, "")
+}
+
+// reservedCount holds, with reservedBit, a count that tells apart the
+// numbers a chain of such moves needs (stage a file, move its origin, stage
+// that, move it again): workspace inode numbers are far below bit 48.
+const reservedCount = (1<<12 - 1) << 48
+
+// unclaimedIno returns ino, the number the workspace file of real inode
+// real is shown with, unless a pending entry at a path other than except
+// shows it: then the first of real's reserved numbers none shows.
+func (e *Engine) unclaimedIno(ino, real uint64, except string) uint64 {
+	if len(e.showing) == 0 || !e.pendingShows(ino, except) {
+		return ino
 	}
-	return shown
+	for k := uint64(0); k<<48 <= reservedCount; k++ {
+		if n := real | reservedBit | k<<48; n != ino && !e.pendingShows(n, except) {
+			return n
+		}
+	}
+	return ino // 4,096 pending files show real's numbers: never seen
+}
+
+// isReservedOf reports whether shown is one of the reserved numbers of the
+// workspace inode real.
+func isReservedOf(shown, real uint64) bool {
+	return shown&reservedBit != 0 && shown&^(reservedBit|reservedCount) == real
 }
 
 // isBaseIno reports whether ino, a number a pending entry shows, is the
 // one the workspace entry st is shown with (reserved or not).
 func (e *Engine) isBaseIno(st *syscall.Stat_t, ino uint64) bool {
-	return e.baseIno(st) == ino || (st.Dev == e.rootDev && st.Ino|reservedBit == ino)
+	return e.baseIno(st) == ino || (st.Dev == e.rootDev && isReservedOf(ino, st.Ino))
 }

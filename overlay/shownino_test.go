@@ -38,3 +38,21 @@ func TestAWorkspaceFileNeverSharesAPendingFilesNumber(t *testing.T) {
 	h.e.Discard([]string{"a", "q"}, caller)
 	require.Equal(t, h.baseIno("q"), h.stat("q").Ino)
 }
+
+// A chain: stage a, move its origin to b, stage b, move that origin to c.
+// a shows the origin's number, b its reserved one; c must show neither.
+func TestAChainOfMovedOriginsShowsThreeNumbers(t *testing.T) {
+	h := newHarness(t)
+	h.baseFile("a", "orig\n")
+	h.overwrite("a", "staged a\n")
+	require.NoError(t, os.Rename(h.wsPath("a"), h.wsPath("b")))
+	h.overwrite("b", "staged b\n")
+	require.NoError(t, os.Rename(h.wsPath("b"), h.wsPath("c")))
+	a, b, c := h.stat("a").Ino, h.stat("b").Ino, h.stat("c").Ino
+	require.NotEqual(t, a, b)
+	require.NotEqual(t, b, c, "b and c, two files, show one number")
+	require.NotEqual(t, a, c)
+	h.view() // readdir's numbers agree with stat's
+	require.Equal(t, "staged b\n", h.read("b"))
+	require.Equal(t, "orig\n", h.read("c"))
+}

@@ -54,3 +54,29 @@ func hostMovesAStagedFilesOrigin(t *testing.T, flags []string) {
 	}
 	sh(t, m.mnt, "test ! -e a.txt")
 }
+
+// The same, twice over: a's origin moved to b and staged there, then b's
+// moved to c. Three files, three numbers, each its own content.
+func TestAChainOfMovedOriginsStaysApart(t *testing.T) {
+	parallel(t)
+	m := mountStagefs(t, withFiles(map[string]string{"a": "orig\n"}))
+	sh(t, m.mnt, "echo staged-a >> a")
+	sh(t, m.ws, "mv a b")
+	sh(t, m.mnt, "echo staged-b >> b")
+	sh(t, m.ws, "mv b c")
+	sh(t, m.mnt, "echo via-c >> c")
+	assertFile(t, m.in("a"), "orig\nstaged-a\n")
+	assertFile(t, m.in("b"), "orig\nstaged-b\n")
+	assertFile(t, m.in("c"), "orig\nvia-c\n")
+	seen := map[uint64]string{}
+	for _, p := range []string{"a", "b", "c"} {
+		var st syscall.Stat_t
+		if err := syscall.Stat(m.in(p), &st); err != nil {
+			t.Fatal(err)
+		}
+		if q, ok := seen[st.Ino]; ok {
+			t.Errorf("%s and %s both show inode %d", q, p, st.Ino)
+		}
+		seen[st.Ino] = p
+	}
+}
