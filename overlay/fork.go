@@ -40,6 +40,9 @@ type ForkCopy struct {
 	keys []string
 	dst  string
 	err  error // the first copy that failed; the fork fails with it
+	// rootTimes are the upper tree's root's at the instant: the view
+	// shows its mtime when it is the later (Engine.rootTimes).
+	rootTimes []unix.Timespec
 }
 
 // Fork takes a fork's instant into the new state dir dst; Run copies the
@@ -64,6 +67,12 @@ func (e *Engine) Fork(dst string) (*ForkCopy, error) {
 		return nil, fmt.Errorf("fork the inode map: %w", err)
 	}
 	fk := &ForkCopy{e: e, f: f, dst: dst, left: make(map[string]bool, len(e.index)), keys: make([]string, 0, len(e.index))}
+	var rst unix.Stat_t
+	if err := unix.Fstat(e.upper.fd, &rst); err != nil {
+		f.close()
+		return nil, err
+	}
+	fk.rootTimes = []unix.Timespec{rst.Atim, rst.Mtim}
 	for p := range e.index {
 		fk.keys = append(fk.keys, p)
 		fk.left[p] = true
@@ -114,6 +123,9 @@ func (fk *ForkCopy) Run() error {
 		if err := fk.f.dirAttrs(fk.f.dirs[i]); err != nil {
 			return fmt.Errorf("fork %s: %w", fk.f.dirs[i].path, err)
 		}
+	}
+	if err := unix.UtimesNano(filepath.Join(fk.dst, "upper"), fk.rootTimes); err != nil {
+		return fmt.Errorf("fork the root's times: %w", err)
 	}
 	return unix.Syncfs(fk.f.dst.fd)
 }
@@ -242,7 +254,12 @@ func (f *forkCopy) entry(p string, m *meta) error {
 	case syscall.S_IFDIR:
 		// 0700 until everything in it is made (its mode, which may
 		// forbid that, comes with its times, last).
-		err = f.dst.withDir(dir, func(dirfd int) error { return unix.Mkdirat(dirfd, name, 0o700) })
+		err = f.dst.withDir(dir, func(dirfd int) error {
+			if err := unix.Mkdirat(dirfd, name, 0o700); err != nil {
+				return err
+			}
+			return chownAt(dirfd, name, st)
+		})
 		f.dirs = append(f.dirs, forkedDir{path: p, mode: st.Mode & 0o7777, atime: unix.Timespec(st.Atim), mtime: unix.Timespec(st.Mtim)})
 	case syscall.S_IFREG:
 		// Another name of a file copied already: names the manifest
@@ -280,16 +297,22 @@ func (f *forkCopy) entry(p string, m *meta) error {
 	if err := f.dst.setxattr(p, metaXattr, nm.encode(), 0); err != nil {
 		return err
 	}
+	if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		return nil
+	}
 	return f.dst.withParent(p, func(dirfd int, name string) error {
-		if err := unix.Fchownat(dirfd, name, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW); err != nil && !errors.Is(err, unix.EPERM) {
-			return err
-		}
-		if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
-			return nil
-		}
 		ts := []unix.Timespec{unix.Timespec(st.Atim), unix.Timespec(st.Mtim)}
 		return unix.UtimesNanoAt(dirfd, name, ts, unix.AT_SYMLINK_NOFOLLOW)
 	})
+}
+
+// chownAt gives the entry name in dirfd the owner in st, as far as the
+// daemon may (one not root keeps its own).
+func chownAt(dirfd int, name string, st *syscall.Stat_t) error {
+	if err := unix.Fchownat(dirfd, name, int(st.Uid), int(st.Gid), unix.AT_SYMLINK_NOFOLLOW); err != nil && !errors.Is(err, unix.EPERM) {
+		return err
+	}
+	return nil
 }
 
 // file copies the regular upper file p (stat st): in the kernel, a reflink
@@ -312,7 +335,13 @@ func (f *forkCopy) file(p string, st *syscall.Stat_t) error {
 				return err
 			}
 		}
-		// The mode after the copy: a body may be read-only to its owner.
+		// The owner, then the mode, then (in entry) the xattrs: a chown
+		// clears set-id bits and a file capability, and a write the
+		// capability too. The mode after the copy: a body may be
+		// read-only to its owner.
+		if err := chownAt(dirfd, name, st); err != nil {
+			return err
+		}
 		return unix.Fchmod(out, st.Mode&0o7777)
 	})
 }

@@ -185,6 +185,8 @@ func forkWhileParentChanges(t *testing.T, seed int64) {
 	_, err = e.Setattr("n/m/h", -1, SetAttr{Atime: &old, Mtime: &old}, c)
 	require.NoError(t, err)
 	want, wantDirs := forkView(t, e), pendingDirTimes(e)
+	root, err := e.Stat("")
+	require.NoError(t, err)
 
 	fk, err := e.Fork(forked)
 	require.NoError(t, err)
@@ -236,6 +238,11 @@ func forkWhileParentChanges(t *testing.T, seed int64) {
 		t.Errorf("the fork does not show what its parent showed at the instant:\nwant %v\ngot  %v", want, got)
 	}
 	require.Equal(t, wantDirs, pendingDirTimes(b), "directory times")
+	if broot, err := b.Stat(""); err != nil || broot.Mtim.Nano() < root.Mtim.Nano() {
+		t.Errorf("the fork's root shows mtime %v, before the parent's at the instant %v (%v)", broot.Mtim, root.Mtim, err)
+	} else if ws, _ := os.Stat(ws); broot.Mtim.Nano() != root.Mtim.Nano() && broot.Mtim.Nano() != ws.ModTime().UnixNano() {
+		t.Errorf("the fork's root shows mtime %v: neither the parent's at the instant %v nor the workspace's since", broot.Mtim, root.Mtim)
+	}
 }
 
 // equalViews compares two forkViews but for the root's link count: the
@@ -281,4 +288,42 @@ func TestForkCopiesFilesHeldOpenForWritingAtItsInstant(t *testing.T) {
 	defer b.Close()
 	require.Equal(t, "at the fork\n", readView(t, b, "held"))
 	require.Equal(t, "AFTERe fork\n", readView(t, e, "held"))
+}
+
+// A fork keeps set-id bits and file capabilities: giving the copy its
+// owner clears both, so the owner must come first.
+func TestForkKeepsSetIDBitsAndCapabilities(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("setting security.capability needs root")
+	}
+	ws, state, forked := t.TempDir(), t.TempDir(), filepath.Join(t.TempDir(), "branch")
+	e := openEngine(t, ws, state)
+	defer e.Close()
+	c := Caller{Pid: os.Getpid()}
+	writeNew(t, e, "su", "#!/bin/true\n")
+	writeNew(t, e, "cap", "#!/bin/true\n")
+	suid, exe := uint32(0o4755|0o2000), uint32(0o755)
+	uid, gid := uint32(1234), uint32(5678)
+	_, err := e.Setattr("su", -1, SetAttr{Uid: &uid, Gid: &gid}, c)
+	require.NoError(t, err)
+	_, err = e.Setattr("su", -1, SetAttr{Mode: &suid}, c)
+	require.NoError(t, err)
+	_, err = e.Setattr("cap", -1, SetAttr{Mode: &exe}, c)
+	require.NoError(t, err)
+	capValue := []byte{1, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+	require.NoError(t, e.Setxattr("cap", "security.capability", capValue, 0, c))
+	fk, err := e.Fork(forked)
+	require.NoError(t, err)
+	require.NoError(t, fk.Run())
+	b, err := New(Options{Workspace: ws, StateDir: forked, Mode: Staged})
+	require.NoError(t, err)
+	defer b.Close()
+	st, err := b.Stat("su")
+	require.NoError(t, err)
+	require.Equal(t, uint32(0o6755), st.Mode&0o7777, "the set-id bits")
+	require.Equal(t, [2]uint32{uid, gid}, [2]uint32{st.Uid, st.Gid})
+	buf := make([]byte, 64)
+	n, err := b.Getxattr("cap", "security.capability", buf)
+	require.NoError(t, err, "the file capability")
+	require.Equal(t, capValue, buf[:n])
 }
