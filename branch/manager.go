@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -61,6 +62,9 @@ type record struct {
 	ForkedAt int64  `json:"forkedAt"`
 	// Fork numbers the branch's current fork point (overlay.ForkScope).
 	Fork int `json:"fork"`
+	// forking marks, in Manager.saved only, a branch whose fork is
+	// being copied.
+	forking bool
 }
 
 // Manager keeps a mount's branches. Its methods answer the branch/*
@@ -350,9 +354,10 @@ func (m *Manager) CreateBranch(ctx context.Context, p control.BranchParams) (con
 	}
 	delete(m.unserved, r.Name)
 	m.reg = append(m.reg, r)
-	// Listed from now on, though the registry is written only when the
-	// copy is durable.
+	// Listed from now on, as being forked, though the registry is
+	// written only when the copy is durable.
 	listed := append([]record(nil), m.reg...)
+	listed[len(listed)-1].forking = true
 	m.saved.Store(&listed)
 	handedOver = true
 	go m.finishFork(fk, r)
@@ -363,29 +368,23 @@ func (m *Manager) CreateBranch(ctx context.Context, p control.BranchParams) (con
 // holding m.mu (handed over by CreateBranch, let go of here).
 func (m *Manager) finishFork(fk *overlay.ForkCopy, r record) {
 	defer m.mu.Unlock()
+	// A bug here must not take the daemon, its mounts and every other
+	// view down with it, as it could not when the fork ran in the
+	// control request.
+	defer func() {
+		if v := recover(); v != nil {
+			m.forkFailed(r, fmt.Errorf("%v", v))
+		}
+	}()
 	if m.forkedHook != nil {
 		m.forkedHook()
 	}
-	err := func() (err error) {
-		// A bug in the copy must not take the daemon, its mounts and
-		// every other view down with it.
-		defer func() {
-			if v := recover(); v != nil {
-				err = fmt.Errorf("%v", v)
-			}
-		}()
-		if err := fk.Run(); err != nil {
-			return err
-		}
-		return m.saveLocked()
-	}()
+	err := fk.Run()
+	if err == nil {
+		err = m.saveLocked()
+	}
 	if err != nil {
-		// Answered already: the branch goes (stagefs branch, waiting
-		// for it to be served, says so) and the log says why.
-		m.cfg.Logf("branches: the fork of %s failed in its copy: %v; it is removed", r.Name, err)
-		if err := m.removeLocked(r.Name); err != nil {
-			m.cfg.Logf("branches: %v", err)
-		}
+		m.forkFailed(r, err)
 		return
 	}
 	v, err := m.open(r)
@@ -395,6 +394,19 @@ func (m *Manager) finishFork(fk *overlay.ForkCopy, r record) {
 		return
 	}
 	m.views[r.Name] = v
+}
+
+// forkFailed removes the branch r whose fork answered but could not be
+// finished: the registry never listed it. stagefs branch, waiting for it
+// to be served, says so, and the log says why.
+func (m *Manager) forkFailed(r record, err error) {
+	m.cfg.Logf("branches: the fork of %s failed: %v; it is removed", r.Name, err)
+	m.reg = slices.DeleteFunc(m.reg, func(x record) bool { return x.Name == r.Name })
+	listed := append([]record(nil), m.reg...)
+	m.saved.Store(&listed)
+	if err := os.RemoveAll(m.stateOf(r.Name)); err != nil {
+		m.cfg.Logf("branches: remove %s: %v (removed at the next start)", r.Name, err)
+	}
 }
 
 // removeLocked unregisters the branch name and removes its state dir.
@@ -486,6 +498,9 @@ func (m *Manager) Infos() []control.BranchInfo {
 // pathsOf describes r without its pending counts, as it is or will be
 // served.
 func (m *Manager) pathsOf(r record) control.BranchInfo {
+	if r.forking {
+		return control.BranchInfo{Name: r.Name, Parent: r.Parent, ForkedAt: r.ForkedAt, NotServed: "its fork is being copied (branch/list waits for it)"}
+	}
 	return control.BranchInfo{Name: r.Name, Parent: r.Parent, ForkedAt: r.ForkedAt,
 		Mount: filepath.Join(m.stateOf(r.Name), "mnt"), Socket: filepath.Join(m.stateOf(r.Name), "control.sock")}
 }

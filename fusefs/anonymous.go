@@ -19,9 +19,9 @@ import (
 
 // anonInoBit marks the inode numbers of anonymous files: kept apart from
 // every number the engine shows (workspace inodes are far below it,
-// pending-only ones carry 1<<62), so the node of the name a link gives the
-// file is never this one.
-const anonInoBit = 1 << 61
+// pending-only ones carry 1<<62, reserved ones 1<<61), so the node of the
+// name a link gives the file is never this one.
+const anonInoBit = 1 << 60
 
 var lastAnonIno atomic.Uint64
 
@@ -181,12 +181,14 @@ func (n *node) linkAnonymous(ctx context.Context, a *anonNode, name string, out 
 	child := n.newChild(ctx, st, out, "")
 	a.mu.Lock()
 	a.names = append(a.names, child)
-	if a.closed.Load() {
-		// Forgotten meanwhile: nothing will release it later.
-		n.sys.eng.ReleaseAnonymous(held)
-	} else {
+	forgotten := a.closed.Load()
+	if !forgotten {
 		a.held = append(a.held, held)
 	}
 	a.mu.Unlock()
+	if forgotten {
+		// Forgotten meanwhile: nothing will release it later.
+		n.sys.eng.ReleaseAnonymous(held)
+	}
 	return child, 0
 }

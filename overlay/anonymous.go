@@ -105,13 +105,17 @@ func (e *Engine) LinkAnonymous(fd int, p string, c Caller) (st *syscall.Stat_t, 
 			return nil, err
 		}
 		defer unix.Close(nfd)
+		st, err := e.fstatShown(nfd, m)
+		if err != nil {
+			return nil, err
+		}
 		var ust unix.Stat_t
 		if err := unix.Fstat(nfd, &ust); err != nil {
 			return nil, err
 		}
 		held = ust.Ino
 		e.writers[held]++
-		return e.fstatShown(nfd, m)
+		return st, nil
 	})
 	if err != nil {
 		return nil, 0, err

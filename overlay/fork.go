@@ -3,6 +3,7 @@ package overlay
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -25,17 +26,20 @@ import (
 // (pushForks, called by every operation that changes the upper tree as
 // soon as it holds e.mu: restores and rollbacks change through those
 // operations), and the daemon's changes of the whole pending set (commit,
-// discard, a mode switch) finish the copy first (finishForks). The cost at the instant is that of listing the pending
-// set in memory; the copy's, that of the pending set, never the
-// workspace's.
+// discard, a mode switch) finish the copy first (finishForks). The cost at
+// the instant is that of listing the pending set in memory and copying the
+// files held open for writing; the copy's, that of the pending set, never
+// the workspace's. A change of a file the copy has not reached yet waits
+// for that file's copy.
 
 // ForkCopy is a fork whose instant is taken and whose copy is not done.
 type ForkCopy struct {
 	e *Engine
 	f *forkCopy
 	// left holds the manifest's paths not copied yet; keys the whole
-	// manifest. Both, and f, are used under e.mu: the copier holds it
-	// shared, a change that pushes holds it alone.
+	// manifest. Both, and f, are used under e.mu until the copy is
+	// done: the copier holds it shared, a change that pushes holds it
+	// alone.
 	left map[string]bool
 	keys []string
 	dst  string
@@ -43,28 +47,42 @@ type ForkCopy struct {
 	// rootTimes are the upper tree's root's at the instant: the view
 	// shows its mtime when it is the later (Engine.rootTimes).
 	rootTimes []unix.Timespec
+	// inomapSize is the inode map's length at the instant: a commit
+	// only appends to it, so its first inomapSize bytes are the
+	// instant's map.
+	inomapSize int64
 }
 
 // Fork takes a fork's instant into the new state dir dst; Run copies the
 // rest. Until Run returns, this engine copies what it changes of the
 // manifest into dst first.
 func (e *Engine) Fork(dst string) (*ForkCopy, error) {
+	// The gate keeps every change out until the fork is attached; the
+	// engine lock is shared meanwhile, so reads go on while the files
+	// held open are copied.
 	e.lockGate()
 	defer e.unlockGate()
+	fk, err := e.forkInstant(dst)
+	if err != nil {
+		return nil, err
+	}
 	e.lockMu()
-	defer e.unlockMu()
+	e.forks = append(e.forks, fk)
+	e.unlockMu()
+	return fk, nil
+}
+
+// forkInstant notes what Fork copies, and copies the files held open for
+// writing; the caller holds the change gate.
+func (e *Engine) forkInstant(dst string) (*ForkCopy, error) {
+	e.rlock()
+	defer e.runlock()
 	if e.mode != Staged {
 		return nil, errors.New("only a staged mount can fork: in immediate mode nothing is pending")
 	}
 	f, err := newForkCopy(e, dst)
 	if err != nil {
 		return nil, err
-	}
-	// The inode map of the instant (a commit appends to it), small: a
-	// line per workspace file committed and still shown.
-	if err := copyFileIfExists(filepath.Join(e.opts.StateDir, "inomap"), filepath.Join(dst, "inomap")); err != nil {
-		f.close()
-		return nil, fmt.Errorf("fork the inode map: %w", err)
 	}
 	fk := &ForkCopy{e: e, f: f, dst: dst, left: make(map[string]bool, len(e.index)), keys: make([]string, 0, len(e.index))}
 	var rst unix.Stat_t
@@ -73,6 +91,9 @@ func (e *Engine) Fork(dst string) (*ForkCopy, error) {
 		return nil, err
 	}
 	fk.rootTimes = []unix.Timespec{rst.Atim, rst.Mtim}
+	if e.inos != nil {
+		fk.inomapSize = e.inos.length()
+	}
 	for p := range e.index {
 		fk.keys = append(fk.keys, p)
 		fk.left[p] = true
@@ -86,7 +107,6 @@ func (e *Engine) Fork(dst string) (*ForkCopy, error) {
 		f.close()
 		return nil, fk.err
 	}
-	e.forks = append(e.forks, fk)
 	return fk, nil
 }
 
@@ -105,12 +125,8 @@ func (fk *ForkCopy) Run() error {
 		}
 		return fk.keys[i] < fk.keys[j]
 	})
-	// In batches, so that changes waiting for the engine lock get it
-	// between them (a batch of small files takes about half a
-	// millisecond).
-	const batch = 16
-	for i := 0; i < len(fk.keys); i += batch {
-		fk.copyLeft(fk.keys[i:min(i+batch, len(fk.keys))])
+	for i := 0; i < len(fk.keys); {
+		i += fk.copyLeft(fk.keys[i:])
 	}
 	// Everything is copied now, by the loop or by a change's push: no
 	// push can fail any more.
@@ -127,16 +143,33 @@ func (fk *ForkCopy) Run() error {
 	if err := unix.UtimesNano(filepath.Join(fk.dst, "upper"), fk.rootTimes); err != nil {
 		return fmt.Errorf("fork the root's times: %w", err)
 	}
+	if err := copyPrefix(filepath.Join(fk.e.opts.StateDir, "inomap"), filepath.Join(fk.dst, "inomap"), fk.inomapSize); err != nil {
+		return fmt.Errorf("fork the inode map: %w", err)
+	}
 	return unix.Syncfs(fk.f.dst.fd)
 }
 
-// copyLeft copies what is left of paths, holding the engine lock shared.
-func (fk *ForkCopy) copyLeft(paths []string) {
+// A batch of the copy holds the engine lock for at most batchEntries
+// entries or batchBytes bytes (a batch of small files takes about half a
+// millisecond), so that changes waiting for the lock get it between them.
+const (
+	batchEntries = 16
+	batchBytes   = 4 << 20
+)
+
+// copyLeft copies what is left of a batch of paths' first ones, holding
+// the engine lock shared, and returns how many it went through.
+func (fk *ForkCopy) copyLeft(paths []string) int {
 	fk.e.rlock()
 	defer fk.e.runlock()
-	for _, p := range paths {
+	start := fk.f.bytes
+	for i, p := range paths {
 		fk.copyIfLeft(p)
+		if i+1 == batchEntries || fk.f.bytes-start >= batchBytes {
+			return i + 1
+		}
 	}
+	return len(paths)
 }
 
 // detach ends the engine's pushes into the fork.
@@ -163,6 +196,9 @@ func (e *Engine) pushForks(paths ...string) {
 func (e *Engine) finishForks() { e.pushForks("") }
 
 func (fk *ForkCopy) push(p string) {
+	if len(fk.left) == 0 {
+		return
+	}
 	if p != "" {
 		dir := ""
 		for _, name := range strings.Split(p, "/") {
@@ -192,9 +228,15 @@ func (fk *ForkCopy) copyIfLeft(p string) {
 		fk.err = fmt.Errorf("fork %s: gone from the pending set before it was copied", p)
 		return
 	}
+	// Failed until it is done: a copy that panics inside a change's push
+	// (which the control server recovers) must not leave a fork that
+	// silently lacks p.
+	fk.err = fmt.Errorf("fork %s: its copy stopped", p)
 	if err := fk.f.entry(p, m); err != nil {
 		fk.err = fmt.Errorf("fork %s: %w", p, err)
+		return
 	}
+	fk.err = nil
 }
 
 // forkCopy copies upper entries of e into dst's upper tree.
@@ -208,6 +250,7 @@ type forkCopy struct {
 	dirIno map[string]uint64
 	// names and value are the xattr buffers, reused for every entry.
 	names, value []byte
+	bytes        int64 // copied so far
 }
 
 // forkedDir is a directory copied, with the mode and times it had then.
@@ -334,6 +377,7 @@ func (f *forkCopy) file(p string, st *syscall.Stat_t) error {
 			if err := copyFd(in, out, st.Size); err != nil {
 				return err
 			}
+			f.bytes += st.Size
 		}
 		// The owner, then the mode, then (in entry) the xattrs: a chown
 		// clears set-id bits and a file capability, and a write the
@@ -377,15 +421,24 @@ func (f *forkCopy) dirAttrs(d forkedDir) error {
 	})
 }
 
-// copyFileIfExists copies the file src to dst, made durable; nothing when
-// src does not exist.
-func copyFileIfExists(src, dst string) error {
-	b, err := os.ReadFile(src)
-	if errors.Is(err, os.ErrNotExist) {
+// copyPrefix copies the first n bytes of the file src to dst (not made
+// durable: Run's syncfs does); nothing when n is 0.
+func copyPrefix(src, dst string, n int64) error {
+	if n == 0 {
 		return nil
 	}
+	in, err := os.Open(src)
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(dst, b, 0o600)
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.CopyN(out, in, n); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }

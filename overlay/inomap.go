@@ -89,6 +89,14 @@ func loadInoMap(stateDir string) (*inoMap, error) {
 
 // setLocked makes real show as shown, taking shown away from any other
 // inode that had it.
+// length is the file's length up to the end of its last whole line: a
+// fork copies that much of it.
+func (m *inoMap) length() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.size
+}
+
 func (m *inoMap) setLocked(real, shown uint64) {
 	if old, ok := m.byReal[real]; ok {
 		delete(m.byShown, old)
