@@ -81,8 +81,9 @@ type Manager struct {
 	views map[string]*View // open branches by name
 	// unserved says why a registered branch is not served.
 	unserved map[string]error
-	// saved is a copy of reg as last saved or loaded, for Infos while
-	// mu is held by a long operation.
+	// saved is a copy of reg as last saved or loaded, and with a branch
+	// being forked (record.forking), for Infos while mu is held by a long
+	// operation.
 	saved atomic.Pointer[[]record]
 
 	// forkedHook, set only by tests, runs in a fork right after it
@@ -404,27 +405,25 @@ func (m *Manager) forkFailed(r record, err error) {
 	m.reg = slices.DeleteFunc(m.reg, func(x record) bool { return x.Name == r.Name })
 	listed := append([]record(nil), m.reg...)
 	m.saved.Store(&listed)
-	if err := os.RemoveAll(m.stateOf(r.Name)); err != nil {
-		m.cfg.Logf("branches: remove %s: %v (removed at the next start)", r.Name, err)
-	}
+	m.removeStateDir(r.Name)
 }
 
 // removeLocked unregisters the branch name and removes its state dir.
 func (m *Manager) removeLocked(name string) error {
-	var kept []record
-	for _, c := range m.reg {
-		if c.Name != name {
-			kept = append(kept, c)
-		}
-	}
-	m.reg = kept
+	m.reg = slices.DeleteFunc(m.reg, func(x record) bool { return x.Name == name })
 	if err := m.saveLocked(); err != nil {
 		return err
 	}
+	m.removeStateDir(name)
+	return nil
+}
+
+// removeStateDir removes the state dir of a branch the registry no longer
+// lists; what it cannot remove goes at the next start (removeStrays).
+func (m *Manager) removeStateDir(name string) {
 	if err := os.RemoveAll(m.stateOf(name)); err != nil {
 		m.cfg.Logf("branches: remove %s: %v (removed at the next start)", name, err)
 	}
-	return nil
 }
 
 // DropBranch stops serving a branch and removes it with its pending set.

@@ -109,11 +109,7 @@ func (e *Engine) LinkAnonymous(fd int, p string, c Caller) (st *syscall.Stat_t, 
 		if err != nil {
 			return nil, err
 		}
-		var ust unix.Stat_t
-		if err := unix.Fstat(nfd, &ust); err != nil {
-			return nil, err
-		}
-		held = ust.Ino
+		held = m.uino // the upper file's inode, which finishNew noted
 		e.writers[held]++
 		return st, nil
 	})

@@ -1811,17 +1811,10 @@ func (e *Engine) discardLocked(paths []string) (done, renumbered []string) {
 			done = append(done, src)
 		}
 	}
-	// Workspace files a discarded deletion shows again: a pending copy
-	// that shows the same inode number (the file was moved) takes a new
-	// one first, so that no state in between shows two files under one
-	// number.
-	var revived []string
-	for _, p := range sel {
-		if m := e.index[p]; m != nil && m.Kind == KindWhiteout && m.Base.Mode&syscall.S_IFMT != syscall.S_IFDIR {
-			revived = append(revived, p)
-		}
-	}
-	newNumbers := e.renumberCopies(revived)
+	// A workspace file a discarded deletion shows again, whose number a
+	// pending copy shows (mv a b; discard a), is shown with another
+	// number (viewIno): the copy keeps its own, and what the kernel
+	// cached under it.
 	whiteoutKept := false
 	pr := e.startProgress("discard", len(sel))
 	defer pr.finish()
@@ -1847,13 +1840,6 @@ func (e *Engine) discardLocked(paths []string) (done, renumbered []string) {
 		e.pruneContainers(p)
 		done = append(done, p)
 		e.killPoint("discard-step")
-	}
-	for _, q := range newNumbers {
-		if e.index[q] != nil {
-			// A copy discarded too needs no new number any more; only
-			// the ones still pending are reported.
-			renumbered = append(renumbered, q)
-		}
 	}
 	return done, renumbered
 }
@@ -1914,39 +1900,6 @@ func (e *Engine) underOpaqueKept(p string, sel map[string]bool) bool {
 func (e *Engine) isWhiteout(p string) bool {
 	m := e.index[p]
 	return m != nil && m.Kind == KindWhiteout
-}
-
-// renumberCopies gives a new inode number to every pending file that shows
-// the number of a workspace file a discard has just shown again. A file
-// copied up keeps its workspace inode number, also when it is renamed; so
-// discarding only the deletion a rename left at its source (mv a b;
-// discard a) would show a and b, two different files, under one number,
-// and the kernel would serve one's cached size and pages for the other.
-// The revived workspace file keeps its number; the pending copy takes a
-// new one. It returns the renumbered paths.
-func (e *Engine) renumberCopies(revived []string) []string {
-	var out []string
-	for _, p := range revived {
-		st, err := e.base.lstat(p)
-		if err != nil || st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
-			continue
-		}
-		ino := e.baseIno(st)
-		for q, m := range e.index {
-			if q == p || m.Ino != ino || m.Kind == KindDir || m.Kind == KindWhiteout || m.Deleted {
-				continue
-			}
-			nm := *m
-			nm.Ino = e.newUpperIno()
-			if err := e.writeMeta(q, &nm); err != nil {
-				e.logf("discard %s: give %s a new inode number: %v", p, q, err)
-				continue
-			}
-			*m = nm
-			out = append(out, q)
-		}
-	}
-	return out
 }
 
 // Recover finishes a commit that a crash interrupted: it reads the journal

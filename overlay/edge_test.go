@@ -366,10 +366,11 @@ func TestEditThenRenameDirThenRestart(t *testing.T) {
 	require.Equal(t, "f2", h.baseRead("b/f"))
 }
 
-// mv a b; discard a: the workspace's a shows again, and b, its copy with
-// other content, must not show a's inode number (the kernel would serve
-// one's cached size and pages for the other), now or after a restart.
-func TestDiscardRenameSourceRenumbersCopy(t *testing.T) {
+// mv a b; discard a: the workspace's a shows again, and it and b, its copy
+// with other content, must not show one inode number (the kernel would
+// serve one's cached size and pages for the other), now or after a
+// restart.
+func TestDiscardRenameSourceShowsTwoNumbers(t *testing.T) {
 	h := newHarness(t)
 	h.baseFile("a", "base")
 	h.overwrite("a", "staged longer content")
@@ -386,7 +387,7 @@ func TestDiscardRenameSourceRenumbersCopy(t *testing.T) {
 	require.NotEqual(t, inoOf("a"), inoOf("b"), "a and b show one inode number")
 	b := inoOf("b")
 	h.restart()
-	require.Equal(t, b, inoOf("b"), "b's new number is kept across a restart")
+	require.Equal(t, b, inoOf("b"), "b's number is kept across a restart")
 	require.NotEqual(t, inoOf("a"), inoOf("b"))
 	h.commitAll()
 	require.Equal(t, "staged longer content", h.baseRead("b"))

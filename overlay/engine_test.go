@@ -1300,8 +1300,8 @@ func TestCommitLeavesNoTrash(t *testing.T) {
 	require.Equal(t, "b1\n", h.read("b"))
 }
 
-// A DirStatter (READDIRPLUS's lookups) answers exactly as Stat, for every
-// kind of entry and every way a directory's view is made.
+// A DirStatter (READDIRPLUS's lookups) answers exactly as LookupStat, for
+// every kind of entry and every way a directory's view is made.
 func TestDirStatterIsStat(t *testing.T) {
 	h := newHarness(t, ".stagefs")
 	for _, p := range []string{"d/base", "d/edited", "d/gone", "d/sub/f", "r/one", "o/old", ".stagefs/x"} {
@@ -1325,11 +1325,12 @@ func TestDirStatterIsStat(t *testing.T) {
 			if dir != "" {
 				p = dir + "/" + name
 			}
-			want, wantErr := h.e.Stat(p)
-			got, gotErr := s.Stat(name)
+			want, wantShared, wantErr := h.e.LookupStat(p)
+			got, gotShared, gotErr := s.LookupStat(name)
 			require.Equal(t, wantErr, gotErr, "%s", p)
 			if wantErr == nil {
 				require.Equal(t, *want, *got, "%s", p)
+				require.Equal(t, wantShared, gotShared, "%s", p)
 			}
 		}
 		s.Close()

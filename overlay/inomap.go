@@ -87,8 +87,6 @@ func loadInoMap(stateDir string) (*inoMap, error) {
 	return m, nil
 }
 
-// setLocked makes real show as shown, taking shown away from any other
-// inode that had it.
 // length is the file's length up to the end of its last whole line: a
 // fork copies that much of it.
 func (m *inoMap) length() int64 {
@@ -97,6 +95,8 @@ func (m *inoMap) length() int64 {
 	return m.size
 }
 
+// setLocked makes real show as shown, taking shown away from any other
+// inode that had it.
 func (m *inoMap) setLocked(real, shown uint64) {
 	if old, ok := m.byReal[real]; ok {
 		delete(m.byShown, old)

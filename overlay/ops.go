@@ -1956,12 +1956,6 @@ func (e *Engine) OpenDirStatter(p string) *DirStatter {
 	return s
 }
 
-// Stat is Engine.Stat of the entry name of the directory.
-func (s *DirStatter) Stat(name string) (*syscall.Stat_t, error) {
-	st, _, err := s.LookupStat(name)
-	return st, err
-}
-
 // LookupStat is Engine.LookupStat of the entry name of the directory.
 func (s *DirStatter) LookupStat(name string) (*syscall.Stat_t, bool, error) {
 	e := s.e

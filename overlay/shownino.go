@@ -10,8 +10,8 @@ import "syscall"
 // way two files in the view would show one number, and the kernel would
 // take them for one (one node, one page cache: a write through one name
 // staged as a write of the other). So a workspace entry whose number a
-// pending entry elsewhere shows is shown with reservedBit set instead, as
-// the inode map does for its own collisions.
+// pending entry elsewhere shows is shown with one of its reserved numbers
+// instead (unclaimedIno), as the inode map does for its own collisions.
 //
 // showing and shownAt keep which pending paths show which workspace
 // number. They are kept from setEntry and dropEntry, which every entry
