@@ -36,9 +36,31 @@ type anonNode struct {
 	// kernel caches their attributes and pages apart from this node's,
 	// so a change through this node must drop those (see changed).
 	names []*fs.Inode
-	// held are what the engine holds for each staged name while fd is
-	// open (overlay.Engine.LinkAnonymous).
-	held []uint64
+	// held are what the engine holds for each staged name while a
+	// process has the file open (overlay.Engine.LinkAnonymous): handles
+	// counts the open handles, the only way to write the file.
+	held    []uint64
+	handles int
+}
+
+// opened counts a new handle of the file.
+func (a *anonNode) opened() *anonHandle {
+	a.mu.Lock()
+	a.handles++
+	a.mu.Unlock()
+	return &anonHandle{n: a}
+}
+
+// releaseHeld gives back to the engine what it holds for the file's
+// names, once nothing can write the file any more.
+func (a *anonNode) releaseHeld() {
+	a.mu.Lock()
+	held := a.held
+	a.held = nil
+	a.mu.Unlock()
+	for _, h := range held {
+		a.sys.eng.ReleaseAnonymous(h)
+	}
 }
 
 // changed tells the kernel that what it caches of the file's names is
@@ -73,7 +95,7 @@ func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse
 	out.Attr.FromStat(st)
 	a := &anonNode{sys: n.sys, fd: fd}
 	child := n.NewInode(ctx, a, fs.StableAttr{Mode: syscall.S_IFREG, Ino: st.Ino})
-	return child, &anonHandle{n: a}, 0, 0
+	return child, a.opened(), 0, 0
 }
 
 func (a *anonNode) stat(out *fuse.Attr) syscall.Errno {
@@ -109,7 +131,7 @@ func (a *anonNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 		}
 		a.changed()
 	}
-	return &anonHandle{n: a}, 0, 0
+	return a.opened(), 0, 0
 }
 
 // OnForget closes the descriptor: the kernel forgets the node only once
@@ -117,13 +139,7 @@ func (a *anonNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 func (a *anonNode) OnForget() {
 	if a.closed.CompareAndSwap(false, true) {
 		unix.Close(a.fd)
-		a.mu.Lock()
-		held := a.held
-		a.held = nil
-		a.mu.Unlock()
-		for _, h := range held {
-			a.sys.eng.ReleaseAnonymous(h)
-		}
+		a.releaseHeld()
 	}
 }
 
@@ -136,7 +152,21 @@ var (
 	_ fs.FileFsyncer   = (*anonHandle)(nil)
 	_ fs.FileGetattrer = (*anonHandle)(nil)
 	_ fs.FileAllocater = (*anonHandle)(nil)
+	_ fs.FileReleaser  = (*anonHandle)(nil)
 )
+
+// Release ends the handle; the last one ends what the engine holds for the
+// file's names (the kernel forgets the node only later).
+func (h *anonHandle) Release(ctx context.Context) syscall.Errno {
+	h.n.mu.Lock()
+	h.n.handles--
+	last := h.n.handles == 0
+	h.n.mu.Unlock()
+	if last {
+		h.n.releaseHeld()
+	}
+	return 0
+}
 
 func (h *anonHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	n, err := unix.Pread(h.n.fd, dest, off)
@@ -181,13 +211,13 @@ func (n *node) linkAnonymous(ctx context.Context, a *anonNode, name string, out 
 	child := n.newChild(ctx, st, out, "")
 	a.mu.Lock()
 	a.names = append(a.names, child)
-	forgotten := a.closed.Load()
-	if !forgotten {
+	closed := a.handles == 0 || a.closed.Load()
+	if !closed {
 		a.held = append(a.held, held)
 	}
 	a.mu.Unlock()
-	if forgotten {
-		// Forgotten meanwhile: nothing will release it later.
+	if closed {
+		// Closed meanwhile: nothing will release it later.
 		n.sys.eng.ReleaseAnonymous(held)
 	}
 	return child, 0
